@@ -1,0 +1,102 @@
+"""The planner's front door: budget in, validated :class:`SolveResult` out.
+
+``solve`` resolves the budget, rejects budgets below a cheap lower bound on every
+schedule's peak, runs one registered strategy, and replays its schedule through the one
+simulator before returning it: no strategy's word is taken on trust.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from solvers.budget import Budget, parse_budget
+from solvers.errors import InfeasibleBudgetError, SolverError
+from solvers.graph import Graph
+from solvers.result import SolveResult, Status
+from solvers.schedule import keep_all_peak, simulate, validate
+from solvers.strategies import get_strategy
+
+__all__ = ["solve", "resolve_budget", "memory_lower_bound"]
+
+
+def memory_lower_bound(graph: Graph) -> int:
+    """A cheap bound every schedule's peak reaches: the largest working set of one op
+    (its output plus all its inputs resident at once)."""
+    need = graph.mem.astype(np.int64).copy()
+    if graph.edges:
+        e = graph.edge_array
+        np.add.at(need, e[:, 1], graph.mem[e[:, 0]])
+    return int(need.max()) if graph.n else 0
+
+
+def resolve_budget(graph: Graph, budget: object) -> tuple[int, int]:
+    """``(budget_bytes, keep_all_peak)`` for a budget spec (see :func:`parse_budget`)."""
+    b: Budget = parse_budget(budget)
+    ref = keep_all_peak(graph)
+    return b.resolve(ref), ref
+
+
+def solve(
+    graph: Graph,
+    budget: object,
+    strategy: str = "auto",
+    *,
+    time_limit: float | None = None,
+    raise_infeasible: bool = True,
+    **options: Any,
+) -> SolveResult:
+    """Plan ``graph`` under ``budget`` with one strategy, and check the plan.
+
+    Args:
+        graph: the graph to plan.
+        budget: bytes or a fraction of the checkpoint-all peak (see :func:`parse_budget`).
+        strategy: a name from :data:`solvers.strategies.STRATEGIES`.
+        time_limit: seconds for strategies that search (the best incumbent is returned).
+        raise_infeasible: raise :class:`InfeasibleBudgetError` for a budget proven too
+            small; when False, return a result with status ``infeasible`` instead.
+        options: passed to the strategy.
+
+    Returns:
+        A :class:`SolveResult` whose schedule (if any) the simulator accepted.
+
+    Raises:
+        InfeasibleBudgetError: the budget is below what any schedule needs.
+        SolverError: a strategy returned a schedule that breaks its own promise.
+
+    Example:
+        >>> from solvers import solve, load_graph  # doctest: +SKIP
+        >>> solve(load_graph("VGG16.json"), 0.9, "ilp").status  # doctest: +SKIP
+        <Status.OPTIMAL: 'optimal'>
+    """
+    nbytes, ref = resolve_budget(graph, budget)
+    floor = memory_lower_bound(graph)
+    if nbytes < floor:
+        if raise_infeasible:
+            raise InfeasibleBudgetError(
+                nbytes, floor, reference=ref, detail="the largest single-op working set"
+            )
+        return SolveResult(strategy, Status.INFEASIBLE, nbytes, info={"min_budget": floor, "reference": ref})
+    fn = get_strategy(strategy)
+    res = fn(graph, nbytes, time_limit=time_limit, **options)
+    res = dataclasses.replace(res, strategy=res.strategy or strategy, info={**res.info, "reference": ref})
+    if res.status == Status.INFEASIBLE:
+        if raise_infeasible:
+            minimum = max(int(res.info.get("min_budget", 0) or 0), floor)
+            raise InfeasibleBudgetError(
+                nbytes, minimum, reference=ref, exact=bool(res.info.get("min_budget_exact")),
+                detail=f"proven by {res.strategy}",
+            )
+        return res
+    if res.schedule is None:
+        return res
+    if res.ok:
+        try:
+            sim = validate(graph, res.schedule, nbytes)
+        except Exception as exc:
+            raise SolverError(f"strategy {res.strategy!r} returned an invalid schedule: {exc}") from exc
+    else:
+        sim = simulate(graph, res.schedule)
+    return dataclasses.replace(res, cost=sim.cost, peak=sim.peak)

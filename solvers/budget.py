@@ -1,0 +1,124 @@
+"""Memory budgets: bytes (``16GB``, ``12GiB``, ``1000000``) or fractions of the
+checkpoint-all peak (``0.6``, ``"60%"``).
+
+A budget is parsed once into a :class:`Budget` and resolved to bytes against a graph.
+Rules for plain numbers: a Python ``int`` is bytes; a Python ``float`` is a fraction; a
+unit-less string is a fraction when its value is at most 4 and bytes otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from solvers.errors import BudgetError
+
+__all__ = ["Budget", "parse_budget", "format_bytes"]
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+}
+_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z%]*)\s*$", re.IGNORECASE)
+_MAX_FRACTION = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """A parsed budget: exactly one of ``nbytes`` and ``fraction`` is set."""
+
+    nbytes: int | None = None
+    fraction: float | None = None
+
+    def resolve(self, reference: int) -> int:
+        """Bytes, given the checkpoint-all peak ``reference`` that fractions refer to."""
+        if self.nbytes is not None:
+            return self.nbytes
+        assert self.fraction is not None
+        return int(math.floor(self.fraction * reference))
+
+    def __str__(self) -> str:
+        if self.nbytes is not None:
+            return format_bytes(self.nbytes)
+        return f"{self.fraction:.0%}" if self.fraction is not None else "?"
+
+
+def parse_budget(spec: object) -> Budget:
+    """Parse ``spec`` into a :class:`Budget`.
+
+    Args:
+        spec: an int (bytes), a float (fraction of the checkpoint-all peak), a string such
+            as ``"16GB"``, ``"12GiB"``, ``"60%"``, ``"0.6"``, or a :class:`Budget`.
+
+    Raises:
+        BudgetError: the spec is not a positive size or fraction.
+
+    Example:
+        >>> parse_budget("60%").fraction
+        0.6
+        >>> parse_budget("2KiB").nbytes
+        2048
+    """
+    if isinstance(spec, Budget):
+        return spec
+    if isinstance(spec, bool):
+        raise BudgetError(f"budget {spec!r} is a bool: give bytes (int) or a fraction (float)")
+    if isinstance(spec, int):
+        if spec <= 0:
+            raise BudgetError(f"budget {spec} bytes must be positive")
+        return Budget(nbytes=spec)
+    if isinstance(spec, float):
+        return _fraction(spec, repr(spec))
+    if isinstance(spec, str):
+        m = _RE.match(spec)
+        if not m:
+            raise BudgetError(
+                f"budget {spec!r} is not a size or a fraction: write e.g. 16GB, 12GiB, "
+                "1500000000, 0.6 or 60%"
+            )
+        value, unit = float(m.group(1)), m.group(2).lower()
+        if unit == "%":
+            return _fraction(value / 100.0, spec)
+        if unit == "" and value <= _MAX_FRACTION:
+            return _fraction(value, spec)
+        if unit not in _UNITS:
+            raise BudgetError(
+                f"budget {spec!r} has an unknown unit {m.group(2)!r}: "
+                "use B, KB, MB, GB, KiB, MiB, GiB or %"
+            )
+        nbytes = int(value * _UNITS[unit])
+        if nbytes <= 0:
+            raise BudgetError(f"budget {spec!r} must be positive")
+        return Budget(nbytes=nbytes)
+    raise BudgetError(f"budget {spec!r} of type {type(spec).__name__} is not a size or a fraction")
+
+
+def _fraction(value: float, text: str) -> Budget:
+    if not (0.0 < value <= _MAX_FRACTION) or math.isnan(value):
+        raise BudgetError(
+            f"budget {text} as a fraction of the checkpoint-all peak must lie in (0, "
+            f"{_MAX_FRACTION:g}]; give bytes with a unit (e.g. 16GB) for an absolute budget"
+        )
+    return Budget(fraction=float(value))
+
+
+def format_bytes(nbytes: float) -> str:
+    """``1536`` -> ``'1.5 KiB'``."""
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{value:.2f} TiB"

@@ -1,0 +1,295 @@
+"""The graph IR shared by every layer: a frozen, typed DAG in topological order.
+
+Nodes are ops; ``node.id`` is its position in a topological order (0..n-1), ``cost`` the
+time to compute it (seconds or abstract units), ``mem`` the bytes of its output. Edges run
+from a producer to a consumer and always point forward (``src < dst``). Graph inputs
+(parameters, user inputs, tangents) are not nodes: they are always resident and outside
+the budget.
+
+Build a graph with :func:`Graph.build` (which sorts and validates arbitrary ids and edge
+lists) or directly with ``Graph(nodes, edges)`` when ids are already topological.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from solvers.errors import GraphError
+
+__all__ = ["Node", "Graph"]
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One op of the graph.
+
+    Attributes:
+        id: position in the graph's topological order (0..n-1).
+        name: a human-readable label (unique names are not required).
+        cost: time to compute the op once (seconds or abstract units), >= 0.
+        mem: bytes of the op's output, >= 0.
+        backward: True for ops of the backward pass.
+        recomputable: False for ops that must run exactly once (random ops, ops with
+            side effects); planners keep their outputs instead of recomputing them.
+        key: the node's id in the file or framework it came from (for plans that name
+            nodes as the user does); defaults to ``id``.
+        op: the op's kind (e.g. ``"aten.mm"``), informational.
+    """
+
+    id: int
+    name: str
+    cost: float
+    mem: int
+    backward: bool = False
+    recomputable: bool = True
+    key: int | str | None = None
+    op: str = ""
+
+    @property
+    def ext(self) -> int | str:
+        """The external id: ``key`` if set, else ``id``."""
+        return self.id if self.key is None else self.key
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A frozen DAG whose node ids are a topological order.
+
+    Invariants (checked on construction): ``nodes[i].id == i``; every edge ``(u, v)``
+    has ``0 <= u < v < n``; no duplicate edges; costs and sizes are non-negative.
+    Derived arrays (``cost``, ``mem``, ``preds``, ``succs``, ...) are computed once.
+    """
+
+    nodes: tuple[Node, ...]
+    edges: tuple[tuple[int, int], ...]
+    name: str = ""
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.nodes)
+        for i, node in enumerate(self.nodes):
+            if node.id != i:
+                raise GraphError(
+                    f"node at position {i} has id {node.id}: ids must be 0..n-1 in "
+                    "topological order; use Graph.build() to sort arbitrary ids"
+                )
+            if not node.cost >= 0 or not np.isfinite(node.cost):
+                raise GraphError(
+                    f"node {node.ext!r} ({node.name}) has cost {node.cost}: costs must be "
+                    "finite and >= 0"
+                )
+            if node.mem < 0:
+                raise GraphError(
+                    f"node {node.ext!r} ({node.name}) has negative size {node.mem} bytes"
+                )
+        seen: set[tuple[int, int]] = set()
+        for u, v in self.edges:
+            if not (0 <= u < n and 0 <= v < n):
+                raise GraphError(f"edge ({u}, {v}) names a node that does not exist (n={n})")
+            if u >= v:
+                raise GraphError(
+                    f"edge ({self.nodes[u].ext!r} -> {self.nodes[v].ext!r}) points backward in "
+                    "the node order: ids must be topological; use Graph.build()"
+                )
+            if (u, v) in seen:
+                raise GraphError(f"duplicate edge ({u}, {v})")
+            seen.add((u, v))
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def build(
+        cls,
+        nodes: Sequence[Mapping[str, Any]],
+        edges: Iterable[tuple[Hashable, Hashable]],
+        *,
+        name: str = "",
+        order: Sequence[Hashable] | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Graph:
+        """Build a graph from nodes with arbitrary external ids and an edge list.
+
+        Args:
+            nodes: mappings with keys ``key`` (external id, required), ``name``, ``cost``,
+                ``mem`` and optionally ``backward``, ``recomputable``, ``op``.
+            edges: ``(src_key, dst_key)`` pairs; duplicates are merged.
+            name: the graph's name.
+            order: an optional topological order of the keys to use (it is checked);
+                otherwise a stable topological sort (ties broken by input position).
+            meta: free-form metadata carried along.
+
+        Raises:
+            GraphError: duplicate ids, dangling edges, self-loops or a cycle.
+        """
+        keys = [nd["key"] for nd in nodes]
+        index: dict[Hashable, int] = {}
+        for pos, k in enumerate(keys):
+            if k in index:
+                raise GraphError(f"duplicate node id {k!r}")
+            index[k] = pos
+        n = len(keys)
+        adj: list[set[int]] = [set() for _ in range(n)]
+        for s, t in edges:
+            if s not in index or t not in index:
+                missing = s if s not in index else t
+                raise GraphError(f"dangling edge ({s!r} -> {t!r}): node {missing!r} does not exist")
+            if s == t:
+                raise GraphError(f"self-loop on node {s!r}: the graph must be acyclic")
+            adj[index[s]].add(index[t])
+        if order is not None:
+            perm = [index[k] if k in index else -1 for k in order]
+            if sorted(perm) != list(range(n)):
+                raise GraphError("the given order is not a permutation of the node ids")
+            rank = {p: r for r, p in enumerate(perm)}
+            for u in range(n):
+                for v in adj[u]:
+                    if rank[u] >= rank[v]:
+                        raise GraphError(
+                            f"the given order is not topological: {keys[u]!r} -> {keys[v]!r}"
+                        )
+        else:
+            perm = _toposort(adj, keys)
+        rank = {p: r for r, p in enumerate(perm)}
+        new_nodes = []
+        for r, p in enumerate(perm):
+            nd = nodes[p]
+            mem = nd.get("mem", 0)
+            if mem is None or int(mem) != mem:
+                raise GraphError(f"node {keys[p]!r} has a non-integer size {mem!r}")
+            new_nodes.append(
+                Node(
+                    id=r,
+                    name=str(nd.get("name", keys[p])),
+                    cost=float(nd.get("cost", 0.0)),
+                    mem=int(mem),
+                    backward=bool(nd.get("backward", False)),
+                    recomputable=bool(nd.get("recomputable", True)),
+                    key=keys[p],  # type: ignore[arg-type]
+                    op=str(nd.get("op", "")),
+                )
+            )
+        new_edges = sorted((rank[u], rank[v]) for u in range(n) for v in adj[u])
+        return cls(tuple(new_nodes), tuple(new_edges), name=name, meta=dict(meta or {}))
+
+    # ------------------------------------------------------------------ derived data
+    @property
+    def n(self) -> int:
+        """Number of nodes."""
+        return len(self.nodes)
+
+    @cached_property
+    def cost(self) -> FloatArray:
+        """Per-node compute cost, shape (n,)."""
+        arr = np.array([nd.cost for nd in self.nodes], dtype=np.float64)
+        arr.setflags(write=False)
+        return arr
+
+    @cached_property
+    def mem(self) -> IntArray:
+        """Per-node output bytes, shape (n,)."""
+        arr = np.array([nd.mem for nd in self.nodes], dtype=np.int64)
+        arr.setflags(write=False)
+        return arr
+
+    @cached_property
+    def backward_mask(self) -> npt.NDArray[np.bool_]:
+        arr = np.array([nd.backward for nd in self.nodes], dtype=bool)
+        arr.setflags(write=False)
+        return arr
+
+    @cached_property
+    def recomputable_mask(self) -> npt.NDArray[np.bool_]:
+        arr = np.array([nd.recomputable for nd in self.nodes], dtype=bool)
+        arr.setflags(write=False)
+        return arr
+
+    @cached_property
+    def edge_array(self) -> IntArray:
+        """Edges as an (E, 2) int array, sorted by (src, dst)."""
+        arr = np.array(self.edges, dtype=np.int64).reshape(-1, 2)
+        arr.setflags(write=False)
+        return arr
+
+    @cached_property
+    def preds(self) -> tuple[tuple[int, ...], ...]:
+        """``preds[v]``: the producers whose outputs node v reads, ascending."""
+        out: list[list[int]] = [[] for _ in range(self.n)]
+        for u, v in self.edges:
+            out[v].append(u)
+        return tuple(tuple(sorted(p)) for p in out)
+
+    @cached_property
+    def succs(self) -> tuple[tuple[int, ...], ...]:
+        """``succs[u]``: the consumers of node u's output, ascending."""
+        out: list[list[int]] = [[] for _ in range(self.n)]
+        for u, v in self.edges:
+            out[u].append(v)
+        return tuple(tuple(sorted(s)) for s in out)
+
+    @cached_property
+    def last_use(self) -> IntArray:
+        """``last_use[u]``: the last consumer of u in id order (u itself if none)."""
+        lu = np.arange(self.n, dtype=np.int64)
+        if self.edges:
+            e = self.edge_array
+            np.maximum.at(lu, e[:, 0], e[:, 1])
+        lu.setflags(write=False)
+        return lu
+
+    @property
+    def total_cost(self) -> float:
+        """Cost of computing every node exactly once (the no-recompute cost)."""
+        return float(self.cost.sum())
+
+    def ext_ids(self) -> list[int | str]:
+        """External ids of the nodes, in id order."""
+        return [nd.ext for nd in self.nodes]
+
+    def index_of(self, ext: int | str) -> int:
+        """Internal id of the node with external id ``ext``."""
+        table = self._ext_index
+        if ext not in table:
+            raise GraphError(f"no node with id {ext!r} in graph {self.name!r}")
+        return table[ext]
+
+    @cached_property
+    def _ext_index(self) -> dict[int | str, int]:
+        return {nd.ext: nd.id for nd in self.nodes}
+
+    def summary(self) -> str:
+        """One line: name, nodes, edges, backward nodes."""
+        nb = int(self.backward_mask.sum())
+        return f"{self.name or 'graph'}: {self.n} nodes, {len(self.edges)} edges, {nb} backward"
+
+
+def _toposort(adj: list[set[int]], keys: Sequence[Hashable]) -> list[int]:
+    """Kahn's algorithm, ties broken by input position (stable)."""
+    n = len(adj)
+    indeg = [0] * n
+    for u in range(n):
+        for v in adj[u]:
+            indeg[v] += 1
+    heap = [u for u in range(n) if indeg[u] == 0]
+    heapq.heapify(heap)
+    order: list[int] = []
+    while heap:
+        u = heapq.heappop(heap)
+        order.append(u)
+        for v in adj[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                heapq.heappush(heap, v)
+    if len(order) != n:
+        stuck = [keys[u] for u in range(n) if indeg[u] > 0]
+        shown = ", ".join(repr(k) for k in stuck[:8]) + (" ..." if len(stuck) > 8 else "")
+        raise GraphError(f"the graph has a cycle through nodes {shown}: it must be a DAG")
+    return order

@@ -1,0 +1,61 @@
+"""The registry of strategies: name -> "module:function", imported on first use.
+
+Every strategy has the signature ``fn(graph, budget_bytes, *, time_limit=None, **options)
+-> SolveResult`` and returns a :class:`~solvers.schedule.Schedule` that
+:func:`solvers.schedule.validate` accepts. Lazy imports keep optional dependencies
+(OR-Tools for CP-SAT) optional.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from solvers.errors import CheckmateError
+from solvers.result import SolveResult
+
+__all__ = ["STRATEGIES", "get_strategy", "strategy_names", "StrategyFn"]
+
+StrategyFn = Callable[..., SolveResult]
+
+#: name -> (target, one-line description)
+STRATEGIES: dict[str, tuple[str, str]] = {
+    "auto": ("solvers.strategies.auto:solve_auto", "best heuristic, then LP rounding and the MILP warm-started from it; cheapest valid schedule wins"),
+    "ilp": ("solvers.strategies.ilp:solve_ilp", "Checkmate MILP (Jain et al. 2020) solved by HiGHS"),
+    "lp-rounding": ("solvers.strategies.lp_rounding:solve_lp_rounding", "LP relaxation + two-phase rounding (Jain et al. 2020)"),
+    "checkpoint-all": ("solvers.strategies.baselines:checkpoint_all", "keep every output, never recompute"),
+    "checkpoint-last-node": ("solvers.strategies.baselines:checkpoint_last_node", "keep only each forward node's output needed by its own gradient; recompute the rest"),
+    "chen-sqrtn": ("solvers.strategies.baselines:chen_sqrtn", "Chen et al. 2016: sqrt(n) evenly spaced checkpoints"),
+    "chen-greedy": ("solvers.strategies.baselines:chen_greedy", "Chen et al. 2016: greedy segments under a memory threshold"),
+    "griewank": ("solvers.strategies.baselines:griewank", "Griewank & Walther 2000: binomial checkpointing (revolve) for chains"),
+}
+
+
+def strategy_names() -> list[str]:
+    """The registered strategy names."""
+    return list(STRATEGIES)
+
+
+def get_strategy(name: str) -> StrategyFn:
+    """The strategy function registered as ``name``.
+
+    Raises:
+        CheckmateError: unknown name (the message lists the known ones), or its optional
+            dependency is missing.
+    """
+    if name not in STRATEGIES:
+        raise CheckmateError(
+            f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}"
+        )
+    target = STRATEGIES[name][0]
+    module_name, func_name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CheckmateError(
+            f"strategy {name!r} needs a package that is not installed ({exc.name}); "
+            f"install it (e.g. pip install {exc.name}) or choose another strategy"
+        ) from None
+    fn: Any = getattr(module, func_name)
+    return fn  # type: ignore[no-any-return]
