@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from solvers.schedule import Schedule
 
-__all__ = ["Status", "SolveResult"]
+__all__ = ["Status", "SolveResult", "SolveProgress", "ProgressFn"]
 
 
 class Status(str, Enum):
@@ -64,3 +64,32 @@ class SolveResult:
         if self.cost is None or not self.lower_bound:
             return None
         return self.cost / self.lower_bound - 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class SolveProgress:
+    """A progress report from a searching strategy (passed as ``progress=callback``).
+
+    Attributes:
+        strategy: which strategy reports.
+        elapsed: seconds since the solve started.
+        incumbent: cost of the best schedule found so far, or None.
+        bound: best proven lower bound so far, or None.
+        message: a short phase description ("building", "root LP", "rounding 0.4", ...).
+    """
+
+    strategy: str
+    elapsed: float
+    incumbent: float | None = None
+    bound: float | None = None
+    message: str = ""
+
+    @property
+    def gap(self) -> float | None:
+        """incumbent / bound - 1 when both are known."""
+        if self.incumbent is None or not self.bound:
+            return None
+        return self.incumbent / self.bound - 1.0
+
+
+ProgressFn = Callable[[SolveProgress], None]
