@@ -86,7 +86,10 @@ def solve(
         if raise_infeasible:
             minimum = max(int(res.info.get("min_budget", 0) or 0), floor)
             raise InfeasibleBudgetError(
-                nbytes, minimum, reference=ref, exact=bool(res.info.get("min_budget_exact")),
+                nbytes,
+                minimum,
+                reference=ref,
+                exact=bool(res.info.get("min_budget_exact")),
                 detail=f"proven by {res.strategy}",
             )
         return res

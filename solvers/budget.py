@@ -47,7 +47,7 @@ class Budget:
         if self.nbytes is not None:
             return self.nbytes
         assert self.fraction is not None
-        return int(math.floor(self.fraction * reference))
+        return math.floor(self.fraction * reference)
 
     def __str__(self) -> str:
         if self.nbytes is not None:
@@ -85,8 +85,7 @@ def parse_budget(spec: object) -> Budget:
         m = _RE.match(spec)
         if not m:
             raise BudgetError(
-                f"budget {spec!r} is not a size or a fraction: write e.g. 16GB, 12GiB, "
-                "1500000000, 0.6 or 60%"
+                f"budget {spec!r} is not a size or a fraction: write e.g. 16GB, 12GiB, 1500000000, 0.6 or 60%"
             )
         value, unit = float(m.group(1)), m.group(2).lower()
         if unit == "%":
@@ -95,8 +94,7 @@ def parse_budget(spec: object) -> Budget:
             return _fraction(value, spec)
         if unit not in _UNITS:
             raise BudgetError(
-                f"budget {spec!r} has an unknown unit {m.group(2)!r}: "
-                "use B, KB, MB, GB, KiB, MiB, GiB or %"
+                f"budget {spec!r} has an unknown unit {m.group(2)!r}: use B, KB, MB, GB, KiB, MiB, GiB or %"
             )
         nbytes = int(value * _UNITS[unit])
         if nbytes <= 0:

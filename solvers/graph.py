@@ -85,13 +85,10 @@ class Graph:
                 )
             if not node.cost >= 0 or not np.isfinite(node.cost):
                 raise GraphError(
-                    f"node {node.ext!r} ({node.name}) has cost {node.cost}: costs must be "
-                    "finite and >= 0"
+                    f"node {node.ext!r} ({node.name}) has cost {node.cost}: costs must be finite and >= 0"
                 )
             if node.mem < 0:
-                raise GraphError(
-                    f"node {node.ext!r} ({node.name}) has negative size {node.mem} bytes"
-                )
+                raise GraphError(f"node {node.ext!r} ({node.name}) has negative size {node.mem} bytes")
         seen: set[tuple[int, int]] = set()
         for u, v in self.edges:
             if not (0 <= u < n and 0 <= v < n):
@@ -146,16 +143,14 @@ class Graph:
                 raise GraphError(f"self-loop on node {s!r}: the graph must be acyclic")
             adj[index[s]].add(index[t])
         if order is not None:
-            perm = [index[k] if k in index else -1 for k in order]
+            perm = [index.get(k, -1) for k in order]
             if sorted(perm) != list(range(n)):
                 raise GraphError("the given order is not a permutation of the node ids")
             rank = {p: r for r, p in enumerate(perm)}
             for u in range(n):
                 for v in adj[u]:
                     if rank[u] >= rank[v]:
-                        raise GraphError(
-                            f"the given order is not topological: {keys[u]!r} -> {keys[v]!r}"
-                        )
+                        raise GraphError(f"the given order is not topological: {keys[u]!r} -> {keys[v]!r}")
         else:
             perm = _toposort(adj, keys)
         rank = {p: r for r, p in enumerate(perm)}

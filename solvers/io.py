@@ -89,8 +89,8 @@ def graph_from_dict(doc: Any, *, default_name: str = "") -> Graph:
     if "nodes" in doc and "links" in doc:
         return _from_node_link(doc, default_name)
     raise GraphError(
-        "not a graph document: expected checkmate's format (\"format\": "
-        f"\"{GRAPH_FORMAT}\") or a networkx node-link graph (\"nodes\" and \"links\")"
+        'not a graph document: expected checkmate\'s format ("format": '
+        f'"{GRAPH_FORMAT}") or a networkx node-link graph ("nodes" and "links")'
     )
 
 

@@ -15,6 +15,7 @@ graphs, the ``name`` of the random layered ones. Extra fields: ``graph_fingerpri
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -78,7 +79,9 @@ def cost_fingerprint(graph: Graph) -> str:
 def plan_to_dict(graph: Graph, result: SolveResult, **extra: Any) -> dict[str, Any]:
     """The plan document for ``result`` (which must carry a schedule)."""
     if result.schedule is None:
-        raise PlanError(f"strategy {result.strategy!r} produced no schedule ({result.status}); nothing to write")
+        raise PlanError(
+            f"strategy {result.strategy!r} produced no schedule ({result.status}); nothing to write"
+        )
     ext = graph.ext_ids()
     from solvers import __version__
 
@@ -128,7 +131,9 @@ def read_plan(path: str | os.PathLike[str], graph: Graph | None = None) -> Plan:
     except (OSError, UnicodeDecodeError) as exc:
         raise PlanError(f"{p}: cannot read ({exc})") from None
     except json.JSONDecodeError as exc:
-        raise PlanError(f"{p}: not valid JSON (truncated or hand-edited?): {exc.msg} at line {exc.lineno}") from None
+        raise PlanError(
+            f"{p}: not valid JSON (truncated or hand-edited?): {exc.msg} at line {exc.lineno}"
+        ) from None
     return plan_from_dict(doc, graph, path=p)
 
 
@@ -136,10 +141,12 @@ def plan_from_dict(doc: Any, graph: Graph | None = None, *, path: Path | None = 
     """Check a parsed plan document (see :func:`read_plan`)."""
     where = f"{path}: " if path else ""
     if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
-        raise PlanError(f"{where}not a checkmate plan (missing \"format\": \"{PLAN_FORMAT}\")")
+        raise PlanError(f'{where}not a checkmate plan (missing "format": "{PLAN_FORMAT}")')
     version = doc.get("version")
     if not isinstance(version, int) or version > PLAN_VERSION or version < 1:
-        raise PlanError(f"{where}plan format version {version!r} is not supported (this checkmate reads {PLAN_VERSION})")
+        raise PlanError(
+            f"{where}plan format version {version!r} is not supported (this checkmate reads {PLAN_VERSION})"
+        )
     for key in ("strategy", "status", "budget_bytes", "schedule"):
         if key not in doc:
             raise PlanError(f"{where}plan lacks field {key!r}")
@@ -159,7 +166,9 @@ def plan_from_dict(doc: Any, graph: Graph | None = None, *, path: Path | None = 
             try:
                 node = graph.index_of(node)
             except Exception:
-                raise PlanError(f"{where}schedule step {k} names node {step[1]!r}, not in the graph") from None
+                raise PlanError(
+                    f"{where}schedule step {k} names node {step[1]!r}, not in the graph"
+                ) from None
         elif not isinstance(node, int):
             raise PlanError(f"{where}schedule step {k}: node id {node!r} needs a graph to resolve")
         steps.append((step[0], int(node)))
@@ -177,10 +186,8 @@ def atomic_write_text(path: Path, text: str) -> None:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from solvers.schedule import Schedule
@@ -12,7 +12,7 @@ from solvers.schedule import Schedule
 __all__ = ["Status", "SolveResult", "SolveProgress", "ProgressFn"]
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     """Outcome of a strategy, mapped from each solver's own codes through one table."""
 
     OPTIMAL = "optimal"  # proven optimal (within the solver's MIP gap tolerance)

@@ -122,9 +122,7 @@ def simulate(graph: Graph, schedule: Schedule | Sequence[Step]) -> SimResult:
             raise ScheduleError(f"step {s} ({op}, {i}) names a node that does not exist (n={n})")
         if op == COMPUTE:
             if resident[i]:
-                raise ScheduleError(
-                    f"step {s} computes node {_name(graph, i)} which is already resident"
-                )
+                raise ScheduleError(f"step {s} computes node {_name(graph, i)} which is already resident")
             for p in preds[i]:
                 if not resident[p]:
                     raise ScheduleError(
@@ -178,8 +176,7 @@ def validate(graph: Graph, schedule: Schedule | Sequence[Step], budget: int | No
         )
     if budget is not None and res.peak > budget:
         raise ScheduleError(
-            f"peak memory {res.peak:,} bytes exceeds the budget of {budget:,} bytes "
-            f"(at step {res.peak_step})"
+            f"peak memory {res.peak:,} bytes exceeds the budget of {budget:,} bytes (at step {res.peak_step})"
         )
     return res
 
@@ -246,18 +243,17 @@ def schedule_from_rs(graph: Graph, R: npt.ArrayLike, S: npt.ArrayLike) -> Schedu
             raise ScheduleError(
                 f"stage {t}: S keeps node {_name(graph, int(lacking[0]))} which is not resident"
             )
-        comp = np.flatnonzero(row & ~resident)
+        comp: list[int] = np.flatnonzero(row & ~resident).tolist()
         # last reader of each value within this stage
         last_read = np.full(n, -1, dtype=np.int64)
         for k in comp:
             for p in preds[k]:
                 last_read[p] = k
         # drop checkpoints that this stage neither reads nor keeps
-        for i in np.flatnonzero(resident & (last_read < 0) & ~keep_next):
-            steps.append((FREE, int(i)))
+        for i in np.flatnonzero(resident & (last_read < 0) & ~keep_next).tolist():
+            steps.append((FREE, i))
             resident[i] = False
         for k in comp:
-            k = int(k)
             for p in preds[k]:
                 if not resident[p]:
                     raise ScheduleError(
@@ -266,10 +262,10 @@ def schedule_from_rs(graph: Graph, R: npt.ArrayLike, S: npt.ArrayLike) -> Schedu
                     )
             steps.append((COMPUTE, k))
             resident[k] = True
-            for i in (*preds[k], k):
-                if resident[i] and last_read[i] <= k and not keep_next[i]:
-                    steps.append((FREE, i))
-                    resident[i] = False
+            for j in (*preds[k], k):
+                if resident[j] and last_read[j] <= k and not keep_next[j]:
+                    steps.append((FREE, j))
+                    resident[j] = False
     return Schedule(tuple(steps), R=Rm.copy(), S=Sm.copy())
 
 

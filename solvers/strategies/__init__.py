@@ -21,14 +21,32 @@ StrategyFn = Callable[..., SolveResult]
 
 #: name -> (target, one-line description)
 STRATEGIES: dict[str, tuple[str, str]] = {
-    "auto": ("solvers.strategies.auto:solve_auto", "best heuristic, then LP rounding and the MILP warm-started from it; cheapest valid schedule wins"),
+    "auto": (
+        "solvers.strategies.auto:solve_auto",
+        "best heuristic, then LP rounding and the MILP warm-started from it; cheapest valid schedule wins",
+    ),
     "ilp": ("solvers.strategies.ilp:solve_ilp", "Checkmate MILP (Jain et al. 2020) solved by HiGHS"),
-    "lp-rounding": ("solvers.strategies.lp_rounding:solve_lp_rounding", "LP relaxation + two-phase rounding (Jain et al. 2020)"),
+    "lp-rounding": (
+        "solvers.strategies.lp_rounding:solve_lp_rounding",
+        "LP relaxation + two-phase rounding (Jain et al. 2020)",
+    ),
     "checkpoint-all": ("solvers.strategies.baselines:checkpoint_all", "keep every output, never recompute"),
-    "checkpoint-last-node": ("solvers.strategies.baselines:checkpoint_last_node", "keep only each forward node's output needed by its own gradient; recompute the rest"),
-    "chen-sqrtn": ("solvers.strategies.baselines:chen_sqrtn", "Chen et al. 2016: sqrt(n) evenly spaced checkpoints"),
-    "chen-greedy": ("solvers.strategies.baselines:chen_greedy", "Chen et al. 2016: greedy segments under a memory threshold"),
-    "griewank": ("solvers.strategies.baselines:griewank", "Griewank & Walther 2000: binomial checkpointing (revolve) for chains"),
+    "checkpoint-last-node": (
+        "solvers.strategies.baselines:checkpoint_last_node",
+        "keep only each forward node's output needed by its own gradient; recompute the rest",
+    ),
+    "chen-sqrtn": (
+        "solvers.strategies.baselines:chen_sqrtn",
+        "Chen et al. 2016: sqrt(n) evenly spaced checkpoints",
+    ),
+    "chen-greedy": (
+        "solvers.strategies.baselines:chen_greedy",
+        "Chen et al. 2016: greedy segments under a memory threshold",
+    ),
+    "griewank": (
+        "solvers.strategies.baselines:griewank",
+        "Griewank & Walther 2000: binomial checkpointing (revolve) for chains",
+    ),
 }
 
 
@@ -45,9 +63,7 @@ def get_strategy(name: str) -> StrategyFn:
             dependency is missing.
     """
     if name not in STRATEGIES:
-        raise CheckmateError(
-            f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}"
-        )
+        raise CheckmateError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}")
     target = STRATEGIES[name][0]
     module_name, func_name = target.split(":")
     try:

@@ -1,0 +1,49 @@
+"""Test graphs: small hand-made ones and the public benchmark graphs (import from tests.graphs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from solvers import Graph, load_graph
+
+REPO = Path(__file__).resolve().parents[1]
+PUBLIC = REPO.parent / "shared" / "benchmarks" / "graphs"
+
+
+def public_graph(name: str) -> Graph:
+    """Load a public benchmark graph by file name, or skip when the folder is absent."""
+    path = PUBLIC / name
+    if not path.exists():
+        pytest.skip(f"public benchmark graphs not found at {PUBLIC}")
+    return load_graph(path)
+
+
+def chain(n: int, *, cost: float = 1.0, mem: int = 1, training: bool = False) -> Graph:
+    """A linear chain of n nodes; with ``training``, a mirrored backward chain of n more.
+
+    The training chain: forward f0 -> ... -> f_{n-1}; backward b_{n-1} -> ... -> b_0 where
+    b_i reads f_i (and b_{i+1}), as in the Checkmate paper's linear-network examples.
+    """
+    nodes = [{"key": i, "name": f"f{i}", "cost": cost, "mem": mem} for i in range(n)]
+    edges = [(i, i + 1) for i in range(n - 1)]
+    if training:
+        for j in range(n):
+            i = n - 1 - j
+            key = n + j
+            nodes.append({"key": key, "name": f"b{i}", "cost": cost, "mem": mem, "backward": True})
+            edges.append((i, key))
+            edges.append((key - 1, key))  # f_{n-1} -> b_{n-1}, then b_{i+1} -> b_i
+    return Graph.build(nodes, sorted(set(edges)), name=f"chain{n}{'-train' if training else ''}")
+
+
+def diamond() -> Graph:
+    """a -> (b, c) -> d with sizes 4, 2, 3, 1 and costs 1, 2, 3, 4."""
+    nodes = [
+        {"key": "a", "cost": 1, "mem": 4},
+        {"key": "b", "cost": 2, "mem": 2},
+        {"key": "c", "cost": 3, "mem": 3},
+        {"key": "d", "cost": 4, "mem": 1},
+    ]
+    return Graph.build(nodes, [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")], name="diamond")

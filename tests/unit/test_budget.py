@@ -1,0 +1,43 @@
+"""Budget parsing."""
+
+from __future__ import annotations
+
+import pytest
+
+from solvers import Budget, BudgetError, format_bytes, parse_budget
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (1_000_000, Budget(nbytes=1_000_000)),
+        ("16GB", Budget(nbytes=16 * 10**9)),
+        ("12GiB", Budget(nbytes=12 * 2**30)),
+        ("1.5 MiB", Budget(nbytes=3 * 2**19)),
+        ("1500000000", Budget(nbytes=1_500_000_000)),
+        (0.6, Budget(fraction=0.6)),
+        ("0.6", Budget(fraction=0.6)),
+        ("60%", Budget(fraction=0.6)),
+        ("1", Budget(fraction=1.0)),
+    ],
+)
+def test_parse(spec: object, expected: Budget) -> None:
+    assert parse_budget(spec) == expected
+
+
+@pytest.mark.parametrize(
+    "spec", ["abc", "", "-3GB", "0", "0%", "12 parsecs", 0, -1, 0.0, 7.5, True, None, [1]]
+)
+def test_bad_budgets(spec: object) -> None:
+    with pytest.raises(BudgetError):
+        parse_budget(spec)
+
+
+def test_resolve() -> None:
+    assert parse_budget("50%").resolve(1001) == 500
+    assert parse_budget("2KiB").resolve(10) == 2048
+
+
+def test_format_bytes() -> None:
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(1536) == "1.50 KiB"
