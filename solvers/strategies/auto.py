@@ -1,0 +1,166 @@
+"""The default strategy: a small portfolio whose cheapest valid schedule wins.
+
+1. Cheap heuristics (checkpoint-all, Chen's greedy and sqrt(n) segmentations, DTR): each
+   gives a valid schedule in milliseconds or fails; the cheapest one that fits is the
+   incumbent. Checkpoint-all fitting the budget is optimal outright (every node runs once).
+2. LP relaxation + two-phase rounding (Jain et al., MLSys 2020): a lower bound on every
+   schedule's cost and usually a near-optimal schedule.
+3. The Checkmate MILP, warm-started from the incumbent (so it always has one), for the
+   rest of the time limit, skipped when the incumbent already meets the LP bound.
+
+Strategies that are not installed (optional dependencies) are skipped. The result names
+the strategy that produced the schedule (``info["chosen"]``) and every candidate's cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from solvers.errors import CheckmateError
+from solvers.graph import Graph
+from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
+from solvers.schedule import Schedule, validate
+
+__all__ = ["solve_auto"]
+
+#: heuristics tried first, in order
+HEURISTICS = ("checkpoint-all", "chen-greedy", "chen-sqrtn", "dtr")
+#: MILP skipped above this many nodes (its O(n^2) model would not finish usefully)
+MILP_MAX_NODES = 400
+DEFAULT_TIME_LIMIT = 60.0
+#: relative gap to the lower bound under which the search stops
+GAP_TOLERANCE = 1e-4
+
+
+def solve_auto(
+    graph: Graph,
+    budget: int,
+    *,
+    time_limit: float | None = None,
+    progress: ProgressFn | None = None,
+    milp_max_nodes: int = MILP_MAX_NODES,
+    **_: Any,
+) -> SolveResult:
+    """Run the portfolio; return the cheapest schedule within ``budget``.
+
+    Args:
+        graph: the graph to plan.
+        budget: bytes.
+        time_limit: seconds for the whole portfolio (default 60).
+        progress: receives :class:`SolveProgress` reports.
+        milp_max_nodes: skip the MILP above this many nodes.
+
+    Returns:
+        A :class:`SolveResult` with ``strategy="auto"``; ``info["chosen"]`` names the
+        strategy that produced the schedule, ``info["candidates"]`` maps each strategy
+        tried to its cost or status.
+    """
+    from solvers.strategies import get_strategy
+
+    limit = DEFAULT_TIME_LIMIT if time_limit is None else float(time_limit)
+    start = time.perf_counter()
+    candidates: dict[str, Any] = {}
+    best: SolveResult | None = None
+    best_cost = float("inf")
+    lower = graph.total_cost  # every node runs at least once
+    proven_infeasible: SolveResult | None = None
+
+    def left() -> float:
+        return max(limit - (time.perf_counter() - start), 0.0)
+
+    def report(msg: str) -> None:
+        if progress is not None:
+            progress(
+                SolveProgress(
+                    "auto",
+                    time.perf_counter() - start,
+                    None if best is None else best_cost,
+                    lower,
+                    msg,
+                )
+            )
+
+    def consider(name: str, res: SolveResult) -> None:
+        nonlocal best, best_cost, lower, proven_infeasible
+        if res.lower_bound is not None:
+            lower = max(lower, float(res.lower_bound))
+        if res.status == Status.INFEASIBLE:
+            proven_infeasible = res
+            candidates[name] = "infeasible"
+            return
+        if not res.ok or res.schedule is None:
+            candidates[name] = str(res.status)
+            return
+        try:
+            sim = validate(graph, res.schedule, budget)
+        except CheckmateError as exc:  # a strategy's bug must not become the user's plan
+            candidates[name] = f"invalid: {exc}"
+            return
+        candidates[name] = sim.cost
+        if sim.cost < best_cost - 1e-12:
+            best, best_cost = dataclasses.replace(res, strategy=name, cost=sim.cost, peak=sim.peak), sim.cost
+
+    def run(name: str, **opts: Any) -> None:
+        try:
+            fn = get_strategy(name)
+        except CheckmateError as exc:
+            candidates[name] = f"unavailable: {exc}"
+            return
+        try:
+            res = fn(graph, budget, **opts)
+        except CheckmateError as exc:
+            candidates[name] = f"error: {exc}"
+            return
+        consider(name, res)
+        report(f"{name}: {candidates[name]}")
+
+    def done() -> bool:
+        return best is not None and best_cost <= lower * (1 + GAP_TOLERANCE)
+
+    for name in HEURISTICS:
+        run(name, time_limit=left())
+        if done():
+            break
+    if not done() and left() > 0:
+        run("lp-rounding", time_limit=max(left() * 0.5, 1.0), progress=progress)
+    if proven_infeasible is not None and best is None:
+        return _finish(proven_infeasible, candidates, lower, start, chosen=None)
+    if not done() and graph.n <= milp_max_nodes and left() > 1.0:
+        warm: Schedule | None = best.schedule if best is not None else None
+        run("ilp", time_limit=left(), warm_start=warm, progress=progress)
+        if proven_infeasible is not None and best is None:
+            return _finish(proven_infeasible, candidates, lower, start, chosen=None)
+    if best is None:
+        return SolveResult(
+            "auto",
+            Status.NO_SOLUTION,
+            budget,
+            lower_bound=lower,
+            solve_seconds=time.perf_counter() - start,
+            info={"candidates": candidates},
+        )
+    return _finish(best, candidates, lower, start, chosen=best.strategy)
+
+
+def _finish(
+    res: SolveResult, candidates: dict[str, Any], lower: float, start: float, chosen: str | None
+) -> SolveResult:
+    status = res.status
+    if res.schedule is not None and res.cost is not None and res.cost <= lower * (1 + GAP_TOLERANCE):
+        status = Status.OPTIMAL
+    elif status == Status.OPTIMAL and chosen != "ilp":
+        status = Status.FEASIBLE  # optimal only if the MILP said so or the bound is met
+    return SolveResult(
+        "auto",
+        status,
+        res.budget,
+        schedule=res.schedule,
+        cost=res.cost,
+        peak=res.peak,
+        lower_bound=lower,
+        build_seconds=res.build_seconds,
+        solve_seconds=time.perf_counter() - start,
+        info={**res.info, "chosen": chosen, "candidates": candidates},
+    )
