@@ -8,9 +8,15 @@ The public contract (version 1; later versions extend it, never break it)::
      "schedule": [["compute", node_id] | ["free", node_id], ...]}
 
 Node ids are the graph's external ids (``Node.ext``): the ``id`` field of the Checkmate
-graphs, the ``name`` of the random layered ones. Extra fields: ``graph_fingerprint``
-(sha256 of the graph's structure and sizes), ``cost_fingerprint``, ``graph_name``,
-``total_cost``, ``reference_peak``, ``build_seconds``, ``info``, ``library_version``.
+graphs, the ``name`` of the random layered ones. Extra fields (all optional for readers):
+``graph_fingerprint`` (sha256 of the graph's structure and sizes), ``cost_fingerprint``,
+``graph_name``, ``n_nodes``, ``total_cost``, ``reference_peak``, ``build_seconds``, ``info``,
+``library_version``, ``overhead`` (cost / total_cost), ``recomputes`` (compute steps beyond
+the first of each node), ``decisions`` (one entry per node: ``{"id", "name", "computes",
+"checkpoint"}``; ``checkpoint`` = the output is kept across a stage boundary), ``stages``
+(``{"R": [[node_id, ...] per stage], "S": [...]}`` when the strategy had Checkmate's (R, S)
+matrices), and ``checksum`` (``"sha256:<hex>"`` of the canonical JSON of every other field,
+added by :func:`write_plan`: a file edited by hand no longer matches and is rejected).
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from solvers.errors import PlanError
 from solvers.graph import Graph
@@ -40,7 +49,12 @@ __all__ = [
     "graph_fingerprint",
     "cost_fingerprint",
     "atomic_write_text",
+    "plan_from_dict",
+    "document_checksum",
+    "stage_matrices",
 ]
+
+BoolMatrix = npt.NDArray[np.bool_]
 
 PLAN_FORMAT = "checkmate-plan"
 PLAN_VERSION = 1
@@ -85,34 +99,77 @@ def plan_to_dict(graph: Graph, result: SolveResult, **extra: Any) -> dict[str, A
     ext = graph.ext_ids()
     from solvers import __version__
 
+    counts = result.schedule.compute_counts(graph.n)
+    _, S = stage_matrices(graph, result.schedule)
+    held = np.zeros(graph.n, dtype=bool)
+    if S.size:
+        held |= S.any(axis=0)
+    cost = float(result.cost) if result.cost is not None else None
+    total = graph.total_cost
     doc: dict[str, Any] = {
         "format": PLAN_FORMAT,
         "version": PLAN_VERSION,
         "strategy": result.strategy,
         "status": str(result.status),
         "budget_bytes": int(result.budget),
-        "cost": float(result.cost) if result.cost is not None else None,
+        "cost": cost,
         "lower_bound": None if result.lower_bound is None else float(result.lower_bound),
         "peak_memory": int(result.peak) if result.peak is not None else None,
         "solve_seconds": float(result.solve_seconds),
         "build_seconds": float(result.build_seconds),
-        "total_cost": graph.total_cost,
+        "total_cost": total,
+        "overhead": cost / total if cost is not None and total > 0 else None,
+        "recomputes": int(np.maximum(counts - 1, 0).sum()),
         "reference_peak": result.info.get("reference"),
         "graph_name": graph.name,
+        "n_nodes": graph.n,
         "graph_fingerprint": graph_fingerprint(graph),
         "cost_fingerprint": cost_fingerprint(graph),
         "library_version": __version__,
         "info": _jsonable(result.info),
+        "decisions": [
+            {"id": nd.ext, "name": nd.name, "computes": int(counts[nd.id]), "checkpoint": bool(held[nd.id])}
+            for nd in graph.nodes
+        ],
         "schedule": [[op, ext[i]] for op, i in result.schedule.steps],
     }
+    if result.schedule.R is not None and result.schedule.S is not None:
+        doc["stages"] = {
+            "R": [[ext[i] for i in np.flatnonzero(row)] for row in result.schedule.R],
+            "S": [[ext[i] for i in np.flatnonzero(row)] for row in result.schedule.S],
+        }
     doc.update(extra)
     return doc
 
 
+def document_checksum(doc: Mapping[str, Any]) -> str:
+    """``"sha256:<hex>"`` of the canonical JSON of ``doc`` without its ``checksum`` field.
+
+    Canonical = sorted keys, no whitespace; JSON numbers round-trip exactly, so the checksum
+    of a document read back equals the one computed before writing it.
+    """
+    body = {k: v for k, v in doc.items() if k != "checksum"}
+    # Normalise through one JSON round trip so non-str keys and tuples hash as they are stored.
+    text = json.dumps(json.loads(json.dumps(body)), sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
 def write_plan(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> Path:
-    """Write a plan document atomically (temporary file + rename)."""
+    """Write a plan document atomically (temporary file + rename), sealed with a checksum.
+
+    Args:
+        path: the file to write; its folder is created if needed.
+        doc: a plan document (see :func:`plan_to_dict`); a ``checksum`` field is added.
+
+    Returns:
+        The path written.
+
+    Raises:
+        OSError: the file cannot be written (nothing is left behind).
+    """
     p = Path(path)
-    atomic_write_text(p, json.dumps(doc, indent=1))
+    sealed = {**doc, "checksum": document_checksum(doc)}
+    atomic_write_text(p, json.dumps(sealed, indent=1))
     return p
 
 
@@ -150,6 +207,9 @@ def plan_from_dict(doc: Any, graph: Graph | None = None, *, path: Path | None = 
     for key in ("strategy", "status", "budget_bytes", "schedule"):
         if key not in doc:
             raise PlanError(f"{where}plan lacks field {key!r}")
+    checksum = doc.get("checksum")
+    if checksum is not None and checksum != document_checksum(doc):
+        raise PlanError(f"{where}plan file was modified after it was written (checksum mismatch); re-plan it")
     raw = doc["schedule"]
     if not isinstance(raw, list):
         raise PlanError(f"{where}field 'schedule' must be a list")
@@ -172,7 +232,71 @@ def plan_from_dict(doc: Any, graph: Graph | None = None, *, path: Path | None = 
         elif not isinstance(node, int):
             raise PlanError(f"{where}schedule step {k}: node id {node!r} needs a graph to resolve")
         steps.append((step[0], int(node)))
-    return Plan(doc=doc, schedule=Schedule(tuple(steps)), path=path)
+    R = S = None
+    stages = doc.get("stages")
+    if graph is not None and isinstance(stages, dict):
+        R = _stage_rows(stages.get("R"), graph, where)
+        S = _stage_rows(stages.get("S"), graph, where)
+        if R is None or S is None or R.shape != S.shape:
+            R = S = None
+    return Plan(doc=doc, schedule=Schedule(tuple(steps), R=R, S=S), path=path)
+
+
+def stage_matrices(graph: Graph, schedule: Schedule) -> tuple[BoolMatrix, BoolMatrix]:
+    """The (R, S) matrices of ``schedule`` in the sense of Checkmate (Jain et al. 2020).
+
+    Returns the schedule's own matrices when it has them. Otherwise stages are derived from
+    the steps: stage t ends with the t-th compute of a node computed for the first time
+    (for a frontier-advancing schedule, the first compute of node t); ``R[t, i]`` = node i
+    is computed in stage t; ``S[t, i]`` = node i is resident right before the first compute
+    of stage t.
+
+    Returns:
+        ``(R, S)``, two bool arrays of shape (T, n) (T = n for a schedule computing every node).
+    """
+    if schedule.R is not None and schedule.S is not None:
+        return np.asarray(schedule.R, dtype=bool), np.asarray(schedule.S, dtype=bool)
+    n = graph.n
+    resident = np.zeros(n, dtype=bool)
+    seen = np.zeros(n, dtype=bool)
+    r_rows: list[list[int]] = []
+    s_rows: list[BoolMatrix] = []
+    cur: list[int] | None = None
+    for op, i in schedule.steps:
+        if op == COMPUTE:
+            if cur is None:
+                cur = []
+                s_rows.append(resident.copy())
+            cur.append(i)
+            resident[i] = True
+            if not seen[i]:
+                seen[i] = True
+                r_rows.append(cur)
+                cur = None
+        elif op == FREE:
+            resident[i] = False
+    if cur is not None:  # trailing recomputes without a new node: their own stage
+        r_rows.append(cur)
+    T = len(r_rows)
+    R = np.zeros((T, n), dtype=bool)
+    for t, row in enumerate(r_rows):
+        R[t, row] = True
+    S = np.array(s_rows, dtype=bool).reshape(T, n)
+    return R, S
+
+
+def _stage_rows(rows: Any, graph: Graph, where: str) -> BoolMatrix | None:
+    if not isinstance(rows, list):
+        return None
+    M = np.zeros((len(rows), graph.n), dtype=bool)
+    for t, row in enumerate(rows):
+        if not isinstance(row, list):
+            raise PlanError(f"{where}stage {t} of 'stages' is not a list")
+        try:
+            M[t, [graph.index_of(x) for x in row]] = True
+        except Exception:
+            raise PlanError(f"{where}stage {t} of 'stages' names a node not in the graph") from None
+    return M
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -1,0 +1,144 @@
+"""Plan files: round trip, the public version-1 fields, checksums, stage matrices."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from solvers import Graph, PlanError, SolveResult, Status, read_plan, validate, write_plan
+from solvers.plan import PLAN_VERSION, document_checksum, plan_to_dict, stage_matrices
+from solvers.schedule import Schedule, schedule_from_order, schedule_from_rs, simulate
+from tests.graphs import chain
+
+V1_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "format": str,
+    "version": int,
+    "strategy": str,
+    "status": str,
+    "budget_bytes": int,
+    "cost": float,
+    "lower_bound": (float, type(None)),
+    "peak_memory": int,
+    "solve_seconds": float,
+    "schedule": list,
+}
+
+
+def _result(graph: Graph, schedule: Schedule, budget: int, strategy: str = "test") -> SolveResult:
+    sim = simulate(graph, schedule)
+    return SolveResult(strategy, Status.FEASIBLE, budget, schedule, sim.cost, sim.peak, lower_bound=None)
+
+
+def _recompute_schedule(graph: Graph) -> Schedule:
+    """Training chain of 4: forward twice (f0..f3 recomputed for the backward half)."""
+    n = graph.n // 2
+    order = list(range(n)) + list(range(n - 1)) + list(range(n, 2 * n))
+    # keep only what the second pass needs; schedule_from_order frees after last reads
+    return schedule_from_order(graph, order)
+
+
+def test_plan_round_trip_keeps_v1_fields(tmp_path: Path) -> None:
+    g = chain(4, training=True)
+    sched = _recompute_schedule(g)
+    res = _result(g, sched, 10)
+    path = write_plan(tmp_path / "p.json", plan_to_dict(g, res))
+    doc = json.loads(path.read_text())
+    for key, typ in V1_FIELDS.items():
+        assert isinstance(doc[key], typ), key
+    assert doc["format"] == "checkmate-plan" and doc["version"] == PLAN_VERSION == 1
+    assert res.cost is not None
+    assert doc["overhead"] == pytest.approx(res.cost / g.total_cost) and doc["overhead"] > 1
+    assert doc["recomputes"] == 3
+    recomputed = {d["name"] for d in doc["decisions"] if d["computes"] > 1}
+    assert recomputed == {"f0", "f1", "f2"}
+    back = read_plan(path, g)
+    assert back.schedule.steps == sched.steps
+    assert validate(g, back.schedule).cost == res.cost
+
+
+def test_plan_uses_external_ids(tmp_path: Path) -> None:
+    nodes = [{"key": k, "cost": 1, "mem": 1} for k in ("x", "y", "z")]
+    g = Graph.build(nodes, [("x", "y"), ("y", "z")])
+    res = _result(g, schedule_from_order(g, range(3)), 3)
+    doc = json.loads(write_plan(tmp_path / "p.json", plan_to_dict(g, res)).read_text())
+    assert [s[1] for s in doc["schedule"] if s[0] == "compute"] == ["x", "y", "z"]
+
+
+def test_hand_edit_breaks_checksum(tmp_path: Path) -> None:
+    g = chain(4, training=True)
+    path = write_plan(tmp_path / "p.json", plan_to_dict(g, _result(g, _recompute_schedule(g), 10)))
+    doc = json.loads(path.read_text())
+    assert doc["checksum"] == document_checksum(doc)
+    doc["cost"] = 1.0
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match="checksum"):
+        read_plan(path, g)
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda d: d.update(version=PLAN_VERSION + 1), "version"),
+        (lambda d: d.update(format="other"), "not a checkmate plan"),
+        (lambda d: d.pop("schedule"), "lacks field"),
+    ],
+)
+def test_rejects_bad_documents(tmp_path: Path, edit, match: str) -> None:  # type: ignore[no-untyped-def]
+    g = chain(3)
+    doc = plan_to_dict(g, _result(g, schedule_from_order(g, range(3)), 3))
+    edit(doc)
+    path = write_plan(tmp_path / "p.json", doc)  # re-sealed: only the edit itself is wrong
+    with pytest.raises(PlanError, match=match):
+        read_plan(path, g)
+
+
+def test_rejects_truncated_and_foreign(tmp_path: Path) -> None:
+    g = chain(4, training=True)
+    path = write_plan(tmp_path / "p.json", plan_to_dict(g, _result(g, _recompute_schedule(g), 10)))
+    text = path.read_text()
+    (tmp_path / "t.json").write_text(text[: len(text) // 2])
+    with pytest.raises(PlanError, match="truncated"):
+        read_plan(tmp_path / "t.json", g)
+    other = chain(4, training=True, mem=2)
+    with pytest.raises(PlanError, match="another graph"):
+        read_plan(path, other)
+
+
+def test_stage_matrices_from_steps_match_rs() -> None:
+    """Stages derived from the steps of a decoded (R, S) pair give back R exactly."""
+    g = chain(4, training=True)
+    n = g.n
+    R = np.eye(n, dtype=bool)  # each stage computes its frontier node only
+    S = np.tril(np.ones((n, n), dtype=bool), -1)  # keep everything computed so far
+    sched = schedule_from_rs(g, R, S)
+    R2, S2 = stage_matrices(g, Schedule(sched.steps))
+    assert np.array_equal(R2, R)
+    # S derived = residents before each stage's first compute: a subset of the kept ones
+    assert not (S2 & ~S).any()
+    half = n // 2
+    assert S2[half, :half].all()  # the whole forward pass is held when the backward starts
+
+
+def test_stage_matrices_show_recomputation() -> None:
+    g = chain(4, training=True)
+    R, S = stage_matrices(g, _recompute_schedule(g))
+    assert R.shape == (g.n, g.n)
+    assert int(R.sum()) == g.n + 3
+    assert R.sum(axis=1).max() == 4  # one stage recomputes f0..f2, then computes b3
+    assert np.array_equal(np.diag(R), np.ones(g.n, dtype=bool))
+    assert S.dtype == bool and S.shape == R.shape
+
+
+def test_stages_stored_and_read_back(tmp_path: Path) -> None:
+    g = chain(3)
+    n = g.n
+    R = np.eye(n, dtype=bool)
+    S = np.tril(np.ones((n, n), dtype=bool), -1)
+    sched = schedule_from_rs(g, R, S)
+    path = write_plan(tmp_path / "p.json", plan_to_dict(g, _result(g, sched, 10)))
+    back = read_plan(path, g).schedule
+    assert back.R is not None and back.S is not None
+    assert np.array_equal(back.R, R) and np.array_equal(back.S, S)
