@@ -47,6 +47,10 @@ STRATEGIES: dict[str, tuple[str, str]] = {
         "solvers.strategies.baselines:griewank",
         "Griewank & Walther 2000: binomial checkpointing (revolve) for chains",
     ),
+    "cpsat": (
+        "solvers.strategies.cpsat:solve_cpsat",
+        "Moccasin (Bartan et al. 2023): retention intervals, cumulative memory, OR-Tools CP-SAT",
+    ),
 }
 
 

@@ -1,0 +1,370 @@
+"""Rematerialization as constraint programming with retention intervals, solved by CP-SAT.
+
+Formulation after Moccasin (Bartan, Li, Teague, Hoffman, Tovar et al., "Moccasin: Efficient
+Tensor Rematerialization for Neural Networks", ICML 2023), written from the paper, with
+O(n) integer variables instead of the Checkmate MILP's O(n²) binaries:
+
+- time is a sequence of integer slots; at most one node is computed per slot (a
+  ``NoOverlap`` over unit "compute" intervals);
+- node v has up to ``C_v`` retention intervals ``[s_vk, e_vk)``: it is computed at slot
+  ``s_vk`` and its output stays resident through slot ``e_vk - 1``. Interval 0 is
+  mandatory, the others optional (presence ``p_vk``), ordered and disjoint
+  (``e_v,k-1 <= s_vk``), so a resident value is never recomputed;
+- memory: a ``Cumulative`` over all retention intervals with demand ``mem_v`` and capacity
+  the budget. Usage at slot t is then exactly the simulator's reading right after the
+  compute of slot t and before the frees that follow it (computing v allocates its output
+  while its inputs are resident);
+- precedence: each compute of v needs each input u resident: some present interval l of u
+  with ``s_ul < s_vk < e_ul`` (a Boolean per (edge, k, l), at most C² per edge);
+- objective: minimize Σ cost_v · p_vk (the first computes are a constant).
+
+Restrictions (the result is optimal *within* them; see ``info["restrictions"]``):
+``C_v`` computes per node (``max_computes``, default 2); nodes marked fixed-once (non-
+recomputable nodes, ``graph.meta["fixed_once"]`` from :mod:`solvers.reduce`, and backward
+nodes when ``backward_once``) have C_v = 1; with ``fix_order`` (default) first computes
+follow the graph's id order, the same frontier-advancing restriction as the Checkmate MILP.
+So a CP-SAT "infeasible" is not a proof that no schedule exists: it maps to ``no_solution``
+unless the budget is below the single-op working-set bound.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from solvers.errors import SolverError
+from solvers.graph import Graph
+from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
+from solvers.schedule import COMPUTE, FREE, Schedule, Step, simulate
+
+try:  # optional dependency: the strategy registry reports a missing package clearly
+    from ortools.sat.python import cp_model
+except ImportError as _exc:  # pragma: no cover - exercised only without ortools
+    raise ImportError(
+        "the cpsat strategy needs OR-Tools: pip install 'checkmate-remat[cpsat]' (or ortools)",
+        name="ortools",
+    ) from _exc
+
+__all__ = ["solve_cpsat", "CpsatModel", "build_model", "decode"]
+
+_COST_RESOLUTION = 10**7  # total cost maps to this many integer units
+
+# One table from CP-SAT's statuses to the project's (INFEASIBLE is only "in this restricted
+# model"; solve_cpsat upgrades it to a proof when the working-set bound already says so).
+_STATUS = {
+    cp_model.OPTIMAL: Status.OPTIMAL,
+    cp_model.FEASIBLE: Status.FEASIBLE,
+    cp_model.INFEASIBLE: Status.NO_SOLUTION,
+    cp_model.UNKNOWN: Status.NO_SOLUTION,
+}
+
+
+@dataclass
+class CpsatModel:
+    """A built model and the index of its variables (all that decoding needs).
+
+    Attributes:
+        model: the CP-SAT model.
+        start, end, present: per node, the list of its intervals' variables.
+        horizon: number of time slots.
+        cost_unit: cost represented by one integer unit of the objective.
+        restrictions: human-readable list of the restrictions in force.
+    """
+
+    model: cp_model.CpModel
+    start: list[list[Any]]
+    end: list[list[Any]]
+    present: list[list[Any]]
+    horizon: int
+    cost_unit: float
+    restrictions: list[str]
+
+
+def _computes_allowed(
+    graph: Graph, max_computes: int, backward_once: bool
+) -> tuple[np.ndarray, list[str]]:
+    caps = np.full(graph.n, max(1, int(max_computes)), dtype=np.int64)
+    notes = [f"at most {int(max_computes)} computes per node"]
+    caps[~graph.recomputable_mask] = 1
+    fixed = graph.meta.get("fixed_once") if graph.meta else None
+    if fixed is not None:
+        caps[np.asarray(fixed, dtype=bool)] = 1
+        notes.append("nodes in graph.meta['fixed_once'] computed once")
+    if backward_once:
+        caps[graph.backward_mask] = 1
+        notes.append("backward nodes computed once")
+    # A node nobody reads is never worth recomputing.
+    caps[[i for i in range(graph.n) if not graph.succs[i]]] = 1
+    return caps, notes
+
+
+def build_model(
+    graph: Graph,
+    budget: int,
+    *,
+    max_computes: int = 2,
+    backward_once: bool = True,
+    fix_order: bool = True,
+) -> CpsatModel:
+    """Build the retention-interval model of ``graph`` under ``budget`` bytes.
+
+    Args:
+        graph: the graph.
+        budget: memory budget in bytes (the capacity of the cumulative).
+        max_computes: intervals per recomputable node (C).
+        backward_once: backward nodes get one interval (a restriction).
+        fix_order: first computes follow id order (the MILP's frontier restriction).
+
+    Returns:
+        The model with its variable index.
+    """
+    n = graph.n
+    caps, notes = _computes_allowed(graph, max_computes, backward_once)
+    if fix_order:
+        notes.append("first computes in id order")
+    horizon = int(caps.sum())
+    m = cp_model.CpModel()
+    # Memory in units of the gcd of all sizes: exact, and smaller numbers propagate faster.
+    sizes = [int(x) for x in graph.mem if x > 0]
+    g = math.gcd(*sizes) if sizes else 1
+    demand = (graph.mem // g).astype(np.int64)
+    capacity = int(budget) // g
+    total = graph.total_cost
+    cost_unit = total / _COST_RESOLUTION if total > 0 else 1.0
+    icost = np.rint(graph.cost / cost_unit).astype(np.int64)
+    n_rec = horizon - n  # slots that recomputes can take
+
+    start: list[list[Any]] = []
+    end: list[list[Any]] = []
+    present: list[list[Any]] = []
+    mem_ivs: list[Any] = []
+    mem_dem: list[int] = []
+    unit_ivs: list[Any] = []
+    for v in range(n):
+        sv, ev, pv = [], [], []
+        for k in range(int(caps[v])):
+            if k == 0:
+                lo, hi = (v, v + n_rec) if fix_order else (0, horizon - 1)
+                s = m.NewIntVar(lo, hi, f"s{v}_{k}")
+                p = m.NewConstant(1)
+            else:
+                s = m.NewIntVar(0, horizon - 1, f"s{v}_{k}")
+                p = m.NewBoolVar(f"p{v}_{k}")
+            e = m.NewIntVar(1, horizon, f"e{v}_{k}")
+            size = m.NewIntVar(1, horizon, f"d{v}_{k}")
+            if k == 0:
+                iv = m.NewIntervalVar(s, size, e, f"iv{v}_{k}")
+                unit = m.NewFixedSizeIntervalVar(s, 1, f"c{v}_{k}")
+            else:
+                iv = m.NewOptionalIntervalVar(s, size, e, p, f"iv{v}_{k}")
+                unit = m.NewOptionalFixedSizeIntervalVar(s, 1, p, f"c{v}_{k}")
+                # ordered, disjoint intervals; absent ones pinned to break symmetry
+                m.AddImplication(p, pv[k - 1])
+                m.Add(s >= ev[k - 1]).OnlyEnforceIf(p)
+                m.Add(s == 0).OnlyEnforceIf(p.Not())
+                m.Add(size == 1).OnlyEnforceIf(p.Not())
+            if demand[v] > 0:
+                mem_ivs.append(iv)
+                mem_dem.append(int(demand[v]))
+            unit_ivs.append(unit)
+            sv.append(s)
+            ev.append(e)
+            pv.append(p)
+        start.append(sv)
+        end.append(ev)
+        present.append(pv)
+    m.AddNoOverlap(unit_ivs)
+    if mem_ivs:
+        m.AddCumulative(mem_ivs, mem_dem, capacity)
+    if fix_order:
+        for v in range(n - 1):
+            m.Add(start[v + 1][0] > start[v][0])
+    for u, v in graph.edges:
+        for k in range(len(start[v])):
+            cover = []
+            for lu in range(len(start[u])):
+                b = m.NewBoolVar(f"r{u}_{lu}_{v}_{k}")
+                if lu > 0:
+                    m.AddImplication(b, present[u][lu])
+                m.Add(start[u][lu] < start[v][k]).OnlyEnforceIf(b)
+                m.Add(end[u][lu] > start[v][k]).OnlyEnforceIf(b)
+                cover.append(b)
+            if k == 0:
+                m.AddBoolOr(cover)
+                # implied: an input's first compute precedes every compute of its reader
+                m.Add(start[u][0] < start[v][0])
+            else:
+                m.AddBoolOr([present[v][k].Not(), *cover])
+    m.Minimize(sum(int(icost[v]) * present[v][k] for v in range(n) for k in range(1, len(start[v]))))
+    return CpsatModel(m, start, end, present, horizon, cost_unit, notes)
+
+
+def decode(graph: Graph, index: CpsatModel, value: Any) -> Schedule:
+    """Steps from a solution: compute in slot order; free each interval's value after the
+    last compute before its end. ``value`` maps a variable to its value (a solver's
+    ``Value``)."""
+    events: list[tuple[int, int, int]] = []  # (start, end, node)
+    for v in range(graph.n):
+        for k in range(len(index.start[v])):
+            if value(index.present[v][k]):
+                events.append((int(value(index.start[v][k])), int(value(index.end[v][k])), v))
+    events.sort()
+    times = np.array([s for s, _, _ in events], dtype=np.int64)
+    frees: list[list[int]] = [[] for _ in events]
+    for s, e, v in events:
+        # the last compute slot strictly before e (it exists: the interval's own start)
+        pos = int(np.searchsorted(times, e, side="left")) - 1
+        frees[pos].append(v)
+    steps: list[Step] = []
+    for pos, (_, _, v) in enumerate(events):
+        steps.append((COMPUTE, v))
+        steps.extend((FREE, u) for u in frees[pos])
+    return Schedule(tuple(steps))
+
+
+def _add_hint(graph: Graph, index: CpsatModel, hint: Schedule) -> bool:
+    """Hint the solver with ``hint`` (slot = compute position). False if it does not fit
+    the model's restrictions (too many computes of a node, first computes out of order)."""
+    counts = hint.compute_counts(graph.n)
+    caps = np.array([len(s) for s in index.start])
+    if np.any(counts > caps) or np.any(counts == 0):
+        return False
+    computes: list[tuple[int, int]] = []  # (node, slot)
+    ends: dict[tuple[int, int], int] = {}
+    open_iv: dict[int, tuple[int, int]] = {}
+    seen = np.zeros(graph.n, dtype=np.int64)
+    slot = -1
+    for op, i in hint.steps:
+        if op == COMPUTE:
+            slot += 1
+            k = int(seen[i])
+            seen[i] += 1
+            computes.append((i, slot))
+            open_iv[i] = (k, slot)
+        else:
+            k, _ = open_iv.pop(i)
+            ends[(i, k)] = slot + 1
+    for i, (k, _) in open_iv.items():
+        ends[(i, k)] = slot + 1
+    model = index.model
+    kk = np.zeros(graph.n, dtype=np.int64)
+    for i, s in computes:
+        k = int(kk[i])
+        kk[i] += 1
+        model.AddHint(index.start[i][k], s)
+        model.AddHint(index.end[i][k], ends[(i, k)])
+        if k > 0:
+            model.AddHint(index.present[i][k], 1)
+    for v in range(graph.n):
+        for k in range(int(kk[v]), len(index.start[v])):
+            model.AddHint(index.present[v][k], 0)
+    return True
+
+
+def solve_cpsat(
+    graph: Graph,
+    budget: int,
+    *,
+    time_limit: float | None = None,
+    max_computes: int = 2,
+    backward_once: bool = True,
+    fix_order: bool = True,
+    hint: Schedule | None = None,
+    workers: int = 2,
+    seed: int = 0,
+    progress: ProgressFn | None = None,
+    **_: Any,
+) -> SolveResult:
+    """Plan ``graph`` under ``budget`` with the retention-interval CP model on CP-SAT.
+
+    Args:
+        graph: the graph.
+        budget: memory budget in bytes.
+        time_limit: seconds for the search; the best incumbent is returned.
+        max_computes: intervals (computes) allowed per recomputable node.
+        backward_once: compute backward nodes exactly once (a restriction).
+        fix_order: first computes in id order (the MILP's frontier restriction).
+        hint: a schedule to start from (ignored when it breaks the restrictions).
+        workers: CP-SAT search workers.
+        seed: CP-SAT random seed.
+        progress: called with a :class:`SolveProgress` on each improving solution.
+
+    Returns:
+        A :class:`SolveResult`; ``optimal`` means optimal within the restrictions listed
+        in ``info["restrictions"]``; ``lower_bound`` is the no-recompute cost (valid for
+        every schedule); the restricted model's bound is ``info["restricted_bound"]``.
+
+    Raises:
+        SolverError: CP-SAT rejected the model (a bug).
+    """
+    from solvers.api import memory_lower_bound
+
+    floor = memory_lower_bound(graph)
+    if budget < floor:
+        return SolveResult(
+            "cpsat", Status.INFEASIBLE, budget, info={"min_budget": floor, "min_budget_exact": False}
+        )
+    t0 = time.perf_counter()
+    index = build_model(
+        graph, budget, max_computes=max_computes, backward_once=backward_once, fix_order=fix_order
+    )
+    hinted = _add_hint(graph, index, hint) if hint is not None else False
+    build_s = time.perf_counter() - t0
+
+    solver = cp_model.CpSolver()
+    if time_limit is not None:
+        solver.parameters.max_time_in_seconds = float(time_limit)
+    solver.parameters.num_workers = int(workers)
+    solver.parameters.random_seed = int(seed)
+    cb = _Progress(progress, index.cost_unit, graph.total_cost, t0) if progress else None
+    t1 = time.perf_counter()
+    code = solver.Solve(index.model, cb) if cb else solver.Solve(index.model)
+    solve_s = time.perf_counter() - t1
+    if code == cp_model.MODEL_INVALID:
+        raise SolverError(f"CP-SAT rejected the model of {graph.name!r}: {index.model.Validate()}")
+    status = _STATUS[code]
+    info: dict[str, Any] = {
+        "restrictions": index.restrictions,
+        "solver_status": solver.StatusName(code),
+        "horizon": index.horizon,
+        "hinted": hinted,
+        "intervals": sum(len(s) for s in index.start),
+    }
+    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        info["restricted_bound"] = (
+            graph.total_cost + solver.BestObjectiveBound() * index.cost_unit
+        )
+        schedule = decode(graph, index, solver.Value)
+        sim = simulate(graph, schedule)
+        if sim.peak > budget:  # decoding must honour the model's memory: a bug otherwise
+            raise SolverError(
+                f"CP-SAT schedule for {graph.name!r} peaks at {sim.peak:,} > budget {budget:,}"
+            )
+        return SolveResult(
+            "cpsat", status, budget, schedule, sim.cost, sim.peak, graph.total_cost,
+            build_s, solve_s, info,
+        )
+    if code == cp_model.INFEASIBLE:
+        info["restricted_infeasible"] = True
+    return SolveResult("cpsat", status, budget, None, None, None, None, build_s, solve_s, info)
+
+
+class _Progress(cp_model.CpSolverSolutionCallback):  # type: ignore[misc]
+    def __init__(self, fn: ProgressFn, unit: float, base: float, t0: float) -> None:
+        super().__init__()
+        self._fn, self._unit, self._base, self._t0 = fn, unit, base, t0
+
+    def on_solution_callback(self) -> None:
+        self._fn(
+            SolveProgress(
+                "cpsat",
+                time.perf_counter() - self._t0,
+                incumbent=self._base + self.ObjectiveValue() * self._unit,
+                bound=None,
+                message="incumbent",
+            )
+        )
