@@ -1,12 +1,102 @@
-"""Plan cache (placeholder: passes through to the planner; the cache proper is being built)."""
+"""Plan cache: solve a graph once, reuse the plan file in every later run.
+
+A plan is stored as ``<key>.json`` (the versioned JSON of :mod:`solvers.plan`, never a
+pickle) where ``key`` is the sha256 of everything a plan's validity or optimality depends
+on: the graph (ids, edges, sizes, flags, node names and ops), its costs, the device
+profile id, the budget in bytes, the strategy and its options, and the plan-format
+version. Location: ``$CHECKMATE_CACHE_DIR``, else ``$XDG_CACHE_HOME/checkmate``, else
+``~/.cache/checkmate``; ``CHECKMATE_CACHE=0`` turns the cache off; ``plan_path=`` pins one
+file instead.
+
+A plan found on disk is trusted only after the simulator replays it against the graph at
+hand within the budget (:func:`solvers.schedule.validate`). A plan made for another graph,
+a truncated or hand-edited file (its checksum no longer matches) or an unknown format
+version is rejected with a warning that says why, and the graph is planned again: a bad
+file never crashes a run and is never applied. Writes go to a temporary file renamed into
+place, so processes planning the same graph at once never leave a torn file.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
+import time
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from solvers import Graph, SolveResult, solve
+from solvers.api import resolve_budget
+from solvers.errors import CheckmateError, PlanError
+from solvers.plan import (
+    PLAN_VERSION,
+    cost_fingerprint,
+    graph_fingerprint,
+    plan_to_dict,
+    read_plan,
+    write_plan,
+)
+from solvers.result import ProgressFn, Status
+from solvers.schedule import validate
 
-__all__ = ["cached_solve"]
+__all__ = ["cached_solve", "cache_dir", "cache_enabled", "cache_key", "key_parts", "PlanCacheWarning"]
+
+
+class PlanCacheWarning(UserWarning):
+    """A plan file on disk was rejected (and the graph re-planned) or could not be written."""
+
+
+def cache_enabled() -> bool:
+    """False when ``CHECKMATE_CACHE`` is ``0``, ``false``, ``no`` or ``off``."""
+    return os.environ.get("CHECKMATE_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cache_dir() -> Path:
+    """The cache folder: ``$CHECKMATE_CACHE_DIR``, else ``$XDG_CACHE_HOME/checkmate``, else
+    ``~/.cache/checkmate`` (not created here)."""
+    explicit = os.environ.get("CHECKMATE_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "checkmate"
+
+
+def key_parts(
+    graph: Graph,
+    budget_bytes: int,
+    strategy: str,
+    options: Mapping[str, Any] | None = None,
+    profile_id: str = "",
+) -> dict[str, Any]:
+    """What the cache key hashes, by name (stored in each plan so a mismatch can be named)."""
+    names = hashlib.sha256(repr([(nd.name, nd.op) for nd in graph.nodes]).encode()).hexdigest()
+    return {
+        "graph": graph_fingerprint(graph),
+        "names": names,
+        "costs": cost_fingerprint(graph),
+        "profile": str(profile_id),
+        "budget_bytes": int(budget_bytes),
+        "strategy": str(strategy),
+        # default=repr: an option that is not JSON still enters the key (conservatively).
+        "options": json.dumps(dict(options or {}), sort_keys=True, default=repr),
+        "version": PLAN_VERSION,
+    }
+
+
+def cache_key(
+    graph: Graph,
+    budget_bytes: int,
+    strategy: str,
+    options: Mapping[str, Any] | None = None,
+    profile_id: str = "",
+) -> str:
+    """The sha256 hex digest naming the plan for these inputs (see :func:`key_parts`)."""
+    parts = key_parts(graph, budget_bytes, strategy, options, profile_id)
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 def cached_solve(
@@ -17,17 +107,126 @@ def cached_solve(
     time_limit: float | None = None,
     options: dict[str, Any] | None = None,
     profile_id: str = "",
-    plan_path: str | None = None,
+    plan_path: str | os.PathLike[str] | None = None,
+    progress: ProgressFn | None = None,
 ) -> SolveResult:
     """Solve ``graph`` under ``budget``, reusing a cached plan when one matches.
+
+    A cached plan with status ``feasible`` (optimality not proven) is reused only when the
+    time limit asked for is no larger than the one it was solved with; otherwise the
+    search runs again with the new limit.
 
     Args:
         graph: the (profiled) graph to plan.
         budget: bytes or fraction (see ``solvers.parse_budget``).
         strategy: strategy name.
-        time_limit: seconds for searching strategies.
+        time_limit: seconds for searching strategies (not part of the key; see above).
         options: strategy options (part of the cache key).
         profile_id: identifies the device profile the costs came from (part of the key).
-        plan_path: pin one plan file instead of the cache directory.
+        plan_path: pin one plan file instead of the cache directory (used even when the
+            cache is disabled).
+        progress: passed to the strategy as ``progress=`` (not part of the key).
+
+    Returns:
+        The :class:`SolveResult`; on a hit ``info["cache"] == "hit"``, ``info["plan_path"]``
+        names the file, and ``solve_seconds`` is the time spent loading and re-validating it.
+
+    Raises:
+        BudgetError: the budget cannot be parsed.
+        InfeasibleBudgetError: no schedule fits the budget (nothing is cached).
     """
-    return solve(graph, budget, strategy, time_limit=time_limit, **(options or {}))
+    opts = dict(options or {})
+    budget_bytes, _ = resolve_budget(graph, budget)
+    parts = key_parts(graph, budget_bytes, strategy, opts, profile_id)
+    key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    if plan_path is not None:
+        path: Path | None = Path(plan_path)
+    elif cache_enabled():
+        path = cache_dir() / f"{key}.json"
+    else:
+        path = None
+
+    if path is not None and path.exists():
+        hit = _load(path, graph, budget_bytes, key, parts, time_limit, pinned=plan_path is not None)
+        if hit is not None:
+            return hit
+
+    if progress is not None:
+        opts["progress"] = progress
+    res = solve(graph, budget, strategy, time_limit=time_limit, **opts)
+    if path is not None and res.ok:
+        doc = plan_to_dict(
+            graph, res, cache_key=key, key_parts=parts, profile_id=str(profile_id), time_limit=time_limit
+        )
+        try:
+            write_plan(path, doc)
+        except OSError as exc:
+            warnings.warn(
+                f"could not write plan file {path}: {exc}; the plan is used but not cached",
+                PlanCacheWarning,
+                stacklevel=2,
+            )
+        else:
+            res = dataclasses.replace(res, info={**res.info, "cache": "miss", "plan_path": str(path)})
+    return res
+
+
+def _load(
+    path: Path,
+    graph: Graph,
+    budget_bytes: int,
+    key: str,
+    parts: Mapping[str, Any],
+    time_limit: float | None,
+    *,
+    pinned: bool,
+) -> SolveResult | None:
+    """The result stored in ``path`` if it is sound for these inputs; else warn and None."""
+    start = time.perf_counter()
+    try:
+        plan = read_plan(path, graph)
+        doc = plan.doc
+        stored_key = doc.get("cache_key")
+        if stored_key is not None and stored_key != key:
+            stored = doc.get("key_parts")
+            differs = [k for k in parts if stored.get(k) != parts[k]] if isinstance(stored, dict) else ["key"]
+            raise PlanError(f"{path}: plan was made for a different {', '.join(differs) or 'key'}")
+        if not pinned and (stored_key is None or "checksum" not in doc):
+            raise PlanError(f"{path}: plan lacks its cache key or checksum (written by hand?)")
+        status = Status(str(doc["status"]))
+        if status not in (Status.OPTIMAL, Status.FEASIBLE):
+            raise PlanError(f"{path}: plan has status {status}, not a usable schedule")
+        sim = validate(graph, plan.schedule, budget_bytes)
+    except (CheckmateError, ValueError, KeyError, TypeError) as exc:
+        warnings.warn(f"rejected plan file, re-planning: {exc}", PlanCacheWarning, stacklevel=3)
+        return None
+    planned_limit = doc.get("time_limit")
+    if status == Status.FEASIBLE and _longer(time_limit, planned_limit):
+        return None  # a longer search was asked for than the one that produced this plan
+    lower = doc.get("lower_bound")
+    info = dict(doc.get("info") or {})
+    info.update(
+        cache="hit",
+        plan_path=str(path),
+        planned_solve_seconds=doc.get("solve_seconds"),
+        planned_build_seconds=doc.get("build_seconds"),
+    )
+    return SolveResult(
+        strategy=str(doc["strategy"]),
+        status=status,
+        budget=budget_bytes,
+        schedule=plan.schedule,
+        cost=sim.cost,
+        peak=sim.peak,
+        lower_bound=None if lower is None else float(lower),
+        build_seconds=0.0,
+        solve_seconds=time.perf_counter() - start,
+        info=info,
+    )
+
+
+def _longer(asked: float | None, planned: Any) -> bool:
+    """True when the time limit ``asked`` exceeds ``planned`` (None = unlimited)."""
+    if asked is None:
+        return planned is not None
+    return planned is not None and float(asked) > float(planned)

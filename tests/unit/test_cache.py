@@ -1,0 +1,276 @@
+"""The plan cache: hits, misses, rejected files, concurrent writers, the off switch.
+
+The strategy used here is a real (if simple) one registered for the tests: compute every
+node once in id order, free each output after its last read. It counts its calls, so a
+hit is seen to skip solving.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkmate.cache import PlanCacheWarning, cache_dir, cache_key, cached_solve
+from solvers import Graph, SolveResult, Status, validate, write_plan
+from solvers.plan import PLAN_VERSION, read_plan
+from solvers.schedule import schedule_from_order, simulate
+from solvers.strategies import STRATEGIES
+from tests.graphs import chain
+
+NAME = "test-keep-all"
+CALLS: list[int] = []
+
+
+def keep_all_counted(
+    graph: Graph, budget: int, *, time_limit: float | None = None, claim: str = "optimal", **_: Any
+) -> SolveResult:
+    """Checkpoint-all as a strategy; ``claim`` sets the status it reports when it fits."""
+    CALLS.append(graph.n)
+    sched = schedule_from_order(graph, range(graph.n))
+    sim = simulate(graph, sched)
+    status = Status(claim) if sim.peak <= budget else Status.NO_SOLUTION
+    return SolveResult(NAME, status, budget, sched, sim.cost, sim.peak, lower_bound=graph.total_cost)
+
+
+def _register() -> None:
+    STRATEGIES[NAME] = (f"{__name__}:keep_all_counted", "tests: checkpoint-all that counts its calls")
+
+
+@pytest.fixture(autouse=True)
+def _strategy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(STRATEGIES, NAME, (f"{__name__}:keep_all_counted", "tests"))
+    monkeypatch.delenv("CHECKMATE_CACHE", raising=False)
+    CALLS.clear()
+
+
+def _graph(mem: int = 1) -> Graph:
+    return chain(6, training=True, mem=mem)
+
+
+def _files() -> list[Path]:
+    return sorted(cache_dir().glob("*.json"))
+
+
+def test_hit_skips_solving() -> None:
+    g = _graph()
+    first = cached_solve(g, 1.0, NAME, profile_id="cpu")
+    assert first.info["cache"] == "miss" and len(CALLS) == 1
+    assert len(_files()) == 1
+    second = cached_solve(g, 1.0, NAME, profile_id="cpu")
+    assert len(CALLS) == 1, "a hit must not run the strategy"
+    assert second.info["cache"] == "hit"
+    assert second.status == Status.OPTIMAL
+    assert second.schedule is not None and first.schedule is not None
+    assert second.schedule.steps == first.schedule.steps
+    assert second.cost == first.cost and second.peak == first.peak
+    assert second.lower_bound == first.lower_bound
+    validate(g, second.schedule, second.budget)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"mem": 2},  # sizes (shapes, dtypes) changed
+        {"budget": 1.5},
+        {"profile_id": "h100"},
+        {"options": {"claim": "feasible"}},
+    ],
+)
+def test_miss_after_a_change(change: dict[str, Any]) -> None:
+    base: dict[str, Any] = {"budget": 1.0, "profile_id": "cpu", "options": None}
+    cached_solve(_graph(), base["budget"], NAME, profile_id="cpu")
+    args = {**base, **change}
+    res = cached_solve(
+        _graph(change.get("mem", 1)),
+        args["budget"],
+        NAME,
+        profile_id=args["profile_id"],
+        options=args["options"],
+    )
+    assert res.info["cache"] == "miss"
+    assert len(CALLS) == 2
+    assert len(_files()) == 2
+
+
+def test_key_depends_on_every_part() -> None:
+    g = _graph()
+    keys = {
+        cache_key(g, 100, NAME),
+        cache_key(g, 101, NAME),
+        cache_key(g, 100, "other"),
+        cache_key(g, 100, NAME, {"x": 1}),
+        cache_key(g, 100, NAME, profile_id="p"),
+        cache_key(_graph(mem=3), 100, NAME),
+        cache_key(chain(6, training=True, cost=2.0), 100, NAME),
+    }
+    assert len(keys) == 7
+    assert cache_key(g, 100, NAME, {"a": 1, "b": 2}) == cache_key(_graph(), 100, NAME, {"b": 2, "a": 1})
+
+
+def _only_file() -> Path:
+    (path,) = _files()
+    return path
+
+
+def _assert_replanned(g: Graph, match: str, path: Path | None = None) -> None:
+    with pytest.warns(PlanCacheWarning, match=match):
+        res = cached_solve(g, 1.0, NAME, plan_path=path)
+    assert res.info["cache"] == "miss"
+    assert res.schedule is not None
+    validate(g, res.schedule, res.budget)
+    # the bad file was replaced by a sound one: the next call hits without a warning
+    again = cached_solve(g, 1.0, NAME, plan_path=path)
+    assert again.info["cache"] == "hit"
+
+
+def test_rejects_truncated_file() -> None:
+    g = _graph()
+    cached_solve(g, 1.0, NAME)
+    path = _only_file()
+    text = path.read_text()
+    path.write_text(text[: len(text) // 3])
+    _assert_replanned(g, "truncated")
+    assert len(CALLS) == 2
+
+
+def test_rejects_hand_edited_file() -> None:
+    g = _graph()
+    cached_solve(g, 1.0, NAME)
+    path = _only_file()
+    doc = json.loads(path.read_text())
+    doc["schedule"] = doc["schedule"][:-1]  # drop the last free
+    path.write_text(json.dumps(doc))
+    _assert_replanned(g, "modified")
+
+
+def test_rejects_wrong_version() -> None:
+    g = _graph()
+    cached_solve(g, 1.0, NAME)
+    path = _only_file()
+    doc = json.loads(path.read_text())
+    doc["version"] = PLAN_VERSION + 1
+    write_plan(path, doc)  # well-formed and sealed; only the version is unknown
+    _assert_replanned(g, "version")
+
+
+def test_rejects_schedule_the_simulator_refuses() -> None:
+    """A sealed, well-formed plan whose steps are wrong for the graph is never used."""
+    g = _graph()
+    cached_solve(g, 1.0, NAME)
+    path = _only_file()
+    doc = json.loads(path.read_text())
+    doc["schedule"] = [s for s in doc["schedule"] if s != ["compute", 3]]
+    write_plan(path, doc)
+    _assert_replanned(g, "not resident")
+
+
+def test_rejects_foreign_plan(tmp_path: Path) -> None:
+    pinned = tmp_path / "pinned.json"
+    cached_solve(chain(5, training=True), 1.0, NAME, plan_path=pinned)
+    g = _graph()
+    _assert_replanned(g, "another graph", pinned)
+    assert read_plan(pinned, g).doc["n_nodes"] == g.n
+
+
+def test_pinned_plan_for_other_budget_is_replanned(tmp_path: Path) -> None:
+    pinned = tmp_path / "p.json"
+    g = _graph()
+    cached_solve(g, 1.0, NAME, plan_path=pinned)
+    with pytest.warns(PlanCacheWarning, match="budget_bytes"):
+        res = cached_solve(g, 1.2, NAME, plan_path=pinned)
+    assert res.info["cache"] == "miss" and len(CALLS) == 2
+    assert _files() == [], "a pinned plan is not also copied into the cache folder"
+
+
+def test_feasible_plan_replanned_for_longer_search() -> None:
+    g = _graph()
+    opts = {"claim": "feasible"}
+    cached_solve(g, 1.0, NAME, time_limit=5, options=opts)
+    assert cached_solve(g, 1.0, NAME, time_limit=5, options=opts).info["cache"] == "hit"
+    assert cached_solve(g, 1.0, NAME, time_limit=2, options=opts).info["cache"] == "hit"
+    assert cached_solve(g, 1.0, NAME, time_limit=50, options=opts).info["cache"] == "miss"
+    assert len(CALLS) == 2
+
+
+def test_cache_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHECKMATE_CACHE", "0")
+    g = _graph()
+    for _ in range(2):
+        res = cached_solve(g, 1.0, NAME)
+        assert "cache" not in res.info
+    assert len(CALLS) == 2
+    assert not cache_dir().exists() or _files() == []
+
+
+def test_cache_location(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CHECKMATE_CACHE_DIR", str(tmp_path / "explicit"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "explicit"
+    monkeypatch.delenv("CHECKMATE_CACHE_DIR")
+    assert cache_dir() == tmp_path / "xdg" / "checkmate"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "checkmate"
+
+
+def test_unwritable_cache_warns_and_still_plans(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("CHECKMATE_CACHE_DIR", str(blocker / "sub"))
+    with pytest.warns(PlanCacheWarning, match="could not write"):
+        res = cached_solve(_graph(), 1.0, NAME)
+    assert res.ok
+
+
+# ---------------------------------------------------------------- concurrent writers
+def _worker(args: tuple[str, int, int]) -> list[str]:
+    """In a fresh process: plan the same graph repeatedly into one pinned file, each time
+    with other options (so every call rewrites the file), reading it back in between."""
+    import warnings
+
+    pinned, wid, rounds = args
+    _register()
+    g = _graph()
+    problems: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanCacheWarning)  # other writers' plans have other keys
+        for k in range(rounds):
+            res = cached_solve(g, 1.0, NAME, options={"writer": wid, "round": k}, plan_path=pinned)
+            if not res.ok or res.schedule is None:
+                problems.append(f"writer {wid} round {k}: {res.status}")
+                continue
+            validate(g, res.schedule, res.budget)
+            try:
+                json.loads(Path(pinned).read_text())
+            except ValueError as exc:
+                problems.append(f"writer {wid} round {k}: torn file: {exc}")
+    return problems
+
+
+def _same_key_worker(_: int) -> str:
+    _register()
+    res = cached_solve(_graph(), 1.0, NAME)
+    return str(res.info.get("cache"))
+
+
+def test_concurrent_writers_never_tear_a_file(tmp_path: Path) -> None:
+    pinned = tmp_path / "shared.json"
+    ctx = mp.get_context("spawn")  # fresh interpreters, as separate training jobs would be
+    with ctx.Pool(4) as pool:
+        problems = pool.map(_worker, [(str(pinned), w, 15) for w in range(4)])
+        # and several processes missing the same cache key at once
+        outcomes = pool.map(_same_key_worker, range(4))
+    assert [p for ps in problems for p in ps] == []
+    json.loads(pinned.read_text())
+    assert set(outcomes) <= {"hit", "miss"}
+    path = _only_file()
+    read_plan(path, _graph())
+    assert cached_solve(_graph(), 1.0, NAME).info["cache"] == "hit"
+    leftovers = [p for p in [*tmp_path.iterdir(), *cache_dir().iterdir()] if p.suffix == ".tmp"]
+    assert leftovers == [], "temporary files left behind"
+    assert os.environ.get("CHECKMATE_CACHE") is None
