@@ -1,0 +1,388 @@
+"""Measured per-op runtimes: run each op of a traced graph on the device and time it.
+
+Inputs are materialized from the FakeTensor metadata with the recorded shapes, strides and
+dtypes: floating tensors are views of one buffer of uniform values in [0.5, 1.5) (no NaN or
+Inf from log/sqrt/division, which could hit slow paths), integer and bool tensors are zeros
+(so that indices stay valid). Ops that write to an input get their own copies.
+
+Timing: on CPU, ``time.perf_counter`` around batches of calls (batches of ~0.2 ms, so that
+microsecond ops are not drowned in timer noise), two warm-up calls, the median of a few
+batches; ops slower than 20 ms are timed once after the warm-up. On CUDA the same with CUDA
+events. The global RNG state is restored afterwards, so profiling does not change the
+random numbers a model draws later.
+
+Times are cached by op signature (:func:`op_signature`) per device (:func:`device_tag`):
+in memory, and in ``<cache dir>/op_times/<tag>.json`` (cache dir: ``$CHECKMATE_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/checkmate``, else ``~/.cache/checkmate``; ``CHECKMATE_CACHE=0``
+keeps them in memory only). An op that cannot be run (an unsupported construct) gets the
+roofline estimate of the shipped profile for its device kind, with a ProfileWarning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import operator
+import os
+import platform
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+from checkmate.flops import flat_tensors
+from solvers.plan import atomic_write_text
+
+__all__ = [
+    "ProfileWarning",
+    "device_tag",
+    "is_free",
+    "measure_costs",
+    "op_signature",
+    "time_callable",
+]
+
+CACHE_FORMAT = "checkmate-op-times"
+CACHE_VERSION = 1
+_BATCH_SECONDS = 2e-4
+_SLOW_SECONDS = 2e-2
+_REPEATS = 5
+
+# path (or tag, when persistence is off) -> signature -> seconds
+_MEMORY: dict[str, dict[str, float]] = {}
+
+
+class ProfileWarning(UserWarning):
+    """Some ops could not be measured (estimated instead) or the time cache was unusable."""
+
+
+# --- which nodes cost nothing ----------------------------------------------------------
+
+
+def _is_view_op(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    infos = [r.alias_info for r in schema.returns]
+    return all(info is not None and not info.is_write for info in infos)
+
+
+_FREE_TARGETS = {operator.getitem, torch.ops.aten._unsafe_view.default}
+
+
+def is_free(node: torch.fx.Node) -> bool:
+    """True for nodes that do no work: placeholders, outputs, constants, ``getitem``,
+    views (ops whose outputs alias an input without writing), and ops on sizes only."""
+    if node.op in ("placeholder", "output", "get_attr"):
+        return True
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if target in _FREE_TARGETS or _is_view_op(target):
+        return True
+    if not isinstance(target, torch._ops.OpOverload | torch._ops.HigherOrderOperator):
+        return True  # python builtins on SymInts (operator.mul, ...)
+    val = node.meta.get("val")
+    return val is not None and not flat_tensors(val)
+
+
+# --- signatures ------------------------------------------------------------------------
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, torch.fx.Node):
+        val = value.meta.get("val")
+        return _fmt(val) if val is not None else f"%{value.name}"
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).removeprefix("torch.")
+        shape = ",".join(str(int(s)) for s in value.shape)
+        text = f"{dtype}[{shape}]"
+        if value.numel() > 1 and not value.is_contiguous():
+            text += "{" + ",".join(str(int(s)) for s in value.stride()) + "}"
+        return text
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+    if isinstance(value, torch.device):
+        return "device"
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return str(value)
+    return repr(value)
+
+
+def op_signature(node: torch.fx.Node) -> str:
+    """The op and its arguments, device-independent: the key of measured op times.
+
+    Example: ``aten.mm.default(float32[64,128], float32[128,256]{1,128})`` (strides are
+    shown for non-contiguous tensors only).
+    """
+    parts = [_fmt(a) for a in node.args]
+    parts += [f"{k}={_fmt(v)}" for k, v in node.kwargs.items()]
+    return f"{node.target}({', '.join(parts)})"
+
+
+def device_tag(device: torch.device | str) -> str:
+    """Identifies what a measured time depends on: device model, threads, torch version."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        desc = f"cuda:{torch.cuda.get_device_name(dev)}:cuda{torch.version.cuda}"
+    else:
+        desc = f"{dev.type}:{_cpu_model()}:{os.cpu_count()}cpus:{torch.get_num_threads()}threads"
+    desc += f":torch{torch.__version__}"
+    return hashlib.sha256(desc.encode()).hexdigest()[:16] + "-" + dev.type
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# --- materializing inputs --------------------------------------------------------------
+
+
+class _Pool:
+    """One flat buffer per (dtype, device), grown on demand; inputs are strided views of it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.buffers: dict[torch.dtype, torch.Tensor] = {}
+
+    def buffer(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        buf = self.buffers.get(dtype)
+        if buf is None or buf.numel() < numel:
+            size = max(numel, 2 * buf.numel() if buf is not None else 0)
+            if dtype.is_floating_point or dtype.is_complex:
+                buf = torch.rand(size, dtype=dtype, device=self.device).add_(0.5)
+            else:
+                buf = torch.zeros(size, dtype=dtype, device=self.device)
+            self.buffers[dtype] = buf
+        return buf
+
+    def tensor(self, fake: torch.Tensor, own: bool) -> torch.Tensor:
+        shape = [int(s) for s in fake.shape]
+        stride = [int(s) for s in fake.stride()]
+        if fake.numel() == 0:
+            return torch.empty_strided(shape, stride, dtype=fake.dtype, device=self.device)
+        span = 1 + sum((s - 1) * abs(st) for s, st in zip(shape, stride))
+        view = self.buffer(fake.dtype, span).as_strided(shape, stride, 0)
+        return view.clone() if own else view
+
+
+def _mutates(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    return schema is not None and any(
+        a.alias_info is not None and a.alias_info.is_write for a in schema.arguments
+    )
+
+
+def _materialize(value: Any, gm: torch.fx.GraphModule, pool: _Pool, own: bool) -> Any:
+    if isinstance(value, torch.fx.Node):
+        if value.op == "get_attr":
+            obj: Any = gm
+            for atom in str(value.target).split("."):
+                obj = getattr(obj, atom)
+            return obj.to(pool.device) if isinstance(obj, torch.Tensor) else obj
+        val = value.meta.get("val")
+        if val is None:
+            raise LookupError(f"node {value.name} has no meta['val']")
+        return _materialize(val, gm, pool, own)
+    if isinstance(value, torch.Tensor):
+        return pool.tensor(value, own)
+    if isinstance(value, list | tuple):
+        return type(value)(_materialize(v, gm, pool, own) for v in value)
+    if isinstance(value, torch.device):
+        return pool.device
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    if isinstance(value, torch.SymFloat):
+        return float(value)
+    return value
+
+
+# --- timing ----------------------------------------------------------------------------
+
+
+def time_callable(fn: Callable[[], Any], device: torch.device | str) -> float:
+    """Median seconds one call of ``fn`` takes on ``device`` (warm-up included, not counted).
+
+    Args:
+        fn: runs the op once.
+        device: where ``fn`` runs; CUDA devices are timed with CUDA events.
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return _time_cuda(fn, dev)
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    once = time.perf_counter() - t0
+    if once > _SLOW_SECONDS:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    inner = max(1, min(200, int(_BATCH_SECONDS / max(once, 1e-7))))
+    repeats = _REPEATS if once < _SLOW_SECONDS / 4 else 3
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        samples.append((time.perf_counter() - t0) / inner)
+    return statistics.median(samples)
+
+
+def _time_cuda(fn: Callable[[], Any], dev: torch.device) -> float:
+    with torch.cuda.device(dev):
+        fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        once = start.elapsed_time(end) / 1e3
+        if once > _SLOW_SECONDS:
+            return once
+        inner = max(1, min(200, int(_BATCH_SECONDS / max(once, 1e-7))))
+        samples = []
+        for _ in range(_REPEATS):
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3 / inner)
+        return statistics.median(samples)
+
+
+# --- the persistent cache --------------------------------------------------------------
+
+
+def _cache_dir() -> Path:
+    explicit = os.environ.get("CHECKMATE_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "checkmate"
+
+
+def _persist() -> bool:
+    return os.environ.get("CHECKMATE_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _read_cache(path: Path) -> dict[str, float]:
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        warnings.warn(f"ignoring unreadable op-time cache {path}: {exc}", ProfileWarning, stacklevel=3)
+        return {}
+    if not isinstance(doc, dict) or doc.get("format") != CACHE_FORMAT or doc.get("version") != CACHE_VERSION:
+        warnings.warn(
+            f"ignoring op-time cache {path} of another format or version", ProfileWarning, stacklevel=3
+        )
+        return {}
+    ops = doc.get("ops", {})
+    return {str(k): float(v) for k, v in ops.items() if isinstance(v, int | float) and v >= 0}
+
+
+def _write_cache(path: Path, tag: str, new: dict[str, float]) -> None:
+    merged = _read_cache(path)  # other processes may have added entries meanwhile
+    merged.update(new)
+    doc = {"format": CACHE_FORMAT, "version": CACHE_VERSION, "device_tag": tag, "ops": merged}
+    try:
+        atomic_write_text(path, json.dumps(doc, indent=0, sort_keys=True))
+    except OSError as exc:
+        warnings.warn(f"cannot write op-time cache {path}: {exc}", ProfileWarning, stacklevel=3)
+
+
+# --- measuring a graph -----------------------------------------------------------------
+
+
+def measure_costs(
+    gm: torch.fx.GraphModule,
+    nodes: Sequence[torch.fx.Node],
+    *,
+    device: torch.device | str,
+) -> list[float]:
+    """Run and time each node's op on ``device``; seconds per node (0.0 for free nodes).
+
+    Each distinct op signature is timed once; times are cached in memory and on disk (see
+    the module docstring). Ops that fail to run are estimated with the shipped profile of
+    the device kind and reported in one ProfileWarning.
+
+    Args:
+        gm: the graph module the nodes belong to (for ``get_attr`` constants).
+        nodes: fx nodes of a functionalized aten graph with ``meta['val']``.
+        device: the device to measure on.
+
+    Returns:
+        One cost per node, in order.
+    """
+    dev = torch.device(device)
+    tag = device_tag(dev)
+    persist = _persist()
+    path = _cache_dir() / "op_times" / f"{tag}.json"
+    key = str(path) if persist else tag
+    known = _MEMORY.get(key)
+    if known is None:
+        known = _read_cache(path) if persist else {}
+        _MEMORY[key] = known
+    costs: list[float] = []
+    new: dict[str, float] = {}
+    failed: dict[str, str] = {}
+    pool = _Pool(dev)
+    rng_devices = [dev] if dev.type == "cuda" else []
+    with torch.random.fork_rng(devices=rng_devices), torch.no_grad():
+        for node in nodes:
+            if is_free(node):
+                costs.append(0.0)
+                continue
+            sig = op_signature(node)
+            seconds = known.get(sig)
+            if seconds is None:
+                try:
+                    seconds = _measure_node(gm, node, pool)
+                except Exception as exc:  # any op failure: estimate instead, reported below
+                    failed.setdefault(str(node.target), f"{type(exc).__name__}: {exc}"[:200])
+                    seconds = _fallback_estimate(node, dev)
+                else:
+                    known[sig] = new[sig] = seconds
+            costs.append(seconds)
+    if new and persist:
+        _write_cache(path, tag, new)
+    if failed:
+        listing = "; ".join(f"{op} ({why})" for op, why in failed.items())
+        warnings.warn(
+            f"{len(failed)} op kind(s) could not be run on {dev} and were estimated from a device profile "
+            f"instead: {listing}",
+            ProfileWarning,
+            stacklevel=2,
+        )
+    return costs
+
+
+def _measure_node(gm: torch.fx.GraphModule, node: torch.fx.Node, pool: _Pool) -> float:
+    target = node.target
+    assert callable(target)
+    own = _mutates(target)
+    args = _materialize(tuple(node.args), gm, pool, own)
+    kwargs = {k: _materialize(v, gm, pool, own) for k, v in node.kwargs.items()}
+    return time_callable(lambda: target(*args, **kwargs), pool.device)
+
+
+def _fallback_estimate(node: torch.fx.Node, dev: torch.device) -> float:
+    from checkmate.profile import load_profile
+
+    return load_profile("h100" if dev.type == "cuda" else "cpu").estimate(node)
