@@ -33,7 +33,7 @@ STRATEGIES: dict[str, tuple[str, str]] = {
     "checkpoint-all": ("solvers.strategies.baselines:checkpoint_all", "keep every output, never recompute"),
     "checkpoint-last-node": (
         "solvers.strategies.baselines:checkpoint_last_node",
-        "keep only each forward node's output needed by its own gradient; recompute the rest",
+        "Jain et al. 2020 baseline: stage t keeps only node t-1's output and recomputes the rest",
     ),
     "chen-sqrtn": (
         "solvers.strategies.baselines:chen_sqrtn",
