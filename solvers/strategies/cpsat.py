@@ -84,9 +84,7 @@ class CpsatModel:
     restrictions: list[str]
 
 
-def _computes_allowed(
-    graph: Graph, max_computes: int, backward_once: bool
-) -> tuple[np.ndarray, list[str]]:
+def _computes_allowed(graph: Graph, max_computes: int, backward_once: bool) -> tuple[np.ndarray, list[str]]:
     caps = np.full(graph.n, max(1, int(max_computes)), dtype=np.int64)
     notes = [f"at most {int(max_computes)} computes per node"]
     caps[~graph.recomputable_mask] = 1
@@ -145,28 +143,30 @@ def build_model(
     mem_dem: list[int] = []
     unit_ivs: list[Any] = []
     for v in range(n):
-        sv, ev, pv = [], [], []
+        sv: list[Any] = []
+        ev: list[Any] = []
+        pv: list[Any] = []
         for k in range(int(caps[v])):
             if k == 0:
                 lo, hi = (v, v + n_rec) if fix_order else (0, horizon - 1)
-                s = m.NewIntVar(lo, hi, f"s{v}_{k}")
-                p = m.NewConstant(1)
+                s = m.new_int_var(lo, hi, f"s{v}_{k}")
+                p = m.new_constant(1)
             else:
-                s = m.NewIntVar(0, horizon - 1, f"s{v}_{k}")
-                p = m.NewBoolVar(f"p{v}_{k}")
-            e = m.NewIntVar(1, horizon, f"e{v}_{k}")
-            size = m.NewIntVar(1, horizon, f"d{v}_{k}")
+                s = m.new_int_var(0, horizon - 1, f"s{v}_{k}")
+                p = m.new_bool_var(f"p{v}_{k}")
+            e = m.new_int_var(1, horizon, f"e{v}_{k}")
+            size = m.new_int_var(1, horizon, f"d{v}_{k}")
             if k == 0:
-                iv = m.NewIntervalVar(s, size, e, f"iv{v}_{k}")
-                unit = m.NewFixedSizeIntervalVar(s, 1, f"c{v}_{k}")
+                iv = m.new_interval_var(s, size, e, f"iv{v}_{k}")
+                unit = m.new_fixed_size_interval_var(s, 1, f"c{v}_{k}")
             else:
-                iv = m.NewOptionalIntervalVar(s, size, e, p, f"iv{v}_{k}")
-                unit = m.NewOptionalFixedSizeIntervalVar(s, 1, p, f"c{v}_{k}")
+                iv = m.new_optional_interval_var(s, size, e, p, f"iv{v}_{k}")
+                unit = m.new_optional_fixed_size_interval_var(s, 1, p, f"c{v}_{k}")
                 # ordered, disjoint intervals; absent ones pinned to break symmetry
-                m.AddImplication(p, pv[k - 1])
-                m.Add(s >= ev[k - 1]).OnlyEnforceIf(p)
-                m.Add(s == 0).OnlyEnforceIf(p.Not())
-                m.Add(size == 1).OnlyEnforceIf(p.Not())
+                m.add_implication(p, pv[k - 1])
+                m.add(s >= ev[k - 1]).only_enforce_if(p)
+                m.add(s == 0).only_enforce_if(p.Not())
+                m.add(size == 1).only_enforce_if(p.Not())
             if demand[v] > 0:
                 mem_ivs.append(iv)
                 mem_dem.append(int(demand[v]))
@@ -177,29 +177,29 @@ def build_model(
         start.append(sv)
         end.append(ev)
         present.append(pv)
-    m.AddNoOverlap(unit_ivs)
+    m.add_no_overlap(unit_ivs)
     if mem_ivs:
-        m.AddCumulative(mem_ivs, mem_dem, capacity)
+        m.add_cumulative(mem_ivs, mem_dem, capacity)
     if fix_order:
         for v in range(n - 1):
-            m.Add(start[v + 1][0] > start[v][0])
+            m.add(start[v + 1][0] > start[v][0])
     for u, v in graph.edges:
         for k in range(len(start[v])):
             cover = []
             for lu in range(len(start[u])):
-                b = m.NewBoolVar(f"r{u}_{lu}_{v}_{k}")
+                b = m.new_bool_var(f"r{u}_{lu}_{v}_{k}")
                 if lu > 0:
-                    m.AddImplication(b, present[u][lu])
-                m.Add(start[u][lu] < start[v][k]).OnlyEnforceIf(b)
-                m.Add(end[u][lu] > start[v][k]).OnlyEnforceIf(b)
+                    m.add_implication(b, present[u][lu])
+                m.add(start[u][lu] < start[v][k]).only_enforce_if(b)
+                m.add(end[u][lu] > start[v][k]).only_enforce_if(b)
                 cover.append(b)
             if k == 0:
-                m.AddBoolOr(cover)
+                m.add_bool_or(cover)
                 # implied: an input's first compute precedes every compute of its reader
-                m.Add(start[u][0] < start[v][0])
+                m.add(start[u][0] < start[v][0])
             else:
-                m.AddBoolOr([present[v][k].Not(), *cover])
-    m.Minimize(sum(int(icost[v]) * present[v][k] for v in range(n) for k in range(1, len(start[v]))))
+                m.add_bool_or([present[v][k].Not(), *cover])
+    m.minimize(sum(int(icost[v]) * present[v][k] for v in range(n) for k in range(1, len(start[v]))))
     return CpsatModel(m, start, end, present, horizon, cost_unit, notes)
 
 
@@ -215,7 +215,7 @@ def decode(graph: Graph, index: CpsatModel, value: Any) -> Schedule:
     events.sort()
     times = np.array([s for s, _, _ in events], dtype=np.int64)
     frees: list[list[int]] = [[] for _ in events]
-    for s, e, v in events:
+    for _s, e, v in events:
         # the last compute slot strictly before e (it exists: the interval's own start)
         pos = int(np.searchsorted(times, e, side="left")) - 1
         frees[pos].append(v)
@@ -255,13 +255,13 @@ def _add_hint(graph: Graph, index: CpsatModel, hint: Schedule) -> bool:
     for i, s in computes:
         k = int(kk[i])
         kk[i] += 1
-        model.AddHint(index.start[i][k], s)
-        model.AddHint(index.end[i][k], ends[(i, k)])
+        model.add_hint(index.start[i][k], s)
+        model.add_hint(index.end[i][k], ends[(i, k)])
         if k > 0:
-            model.AddHint(index.present[i][k], 1)
+            model.add_hint(index.present[i][k], 1)
     for v in range(graph.n):
         for k in range(int(kk[v]), len(index.start[v])):
-            model.AddHint(index.present[v][k], 0)
+            model.add_hint(index.present[v][k], 0)
     return True
 
 
@@ -322,31 +322,35 @@ def solve_cpsat(
     solver.parameters.random_seed = int(seed)
     cb = _Progress(progress, index.cost_unit, graph.total_cost, t0) if progress else None
     t1 = time.perf_counter()
-    code = solver.Solve(index.model, cb) if cb else solver.Solve(index.model)
+    code = solver.solve(index.model, cb) if cb else solver.solve(index.model)
     solve_s = time.perf_counter() - t1
     if code == cp_model.MODEL_INVALID:
-        raise SolverError(f"CP-SAT rejected the model of {graph.name!r}: {index.model.Validate()}")
+        raise SolverError(f"CP-SAT rejected the model of {graph.name!r}: {index.model.validate()}")
     status = _STATUS[code]
     info: dict[str, Any] = {
         "restrictions": index.restrictions,
-        "solver_status": solver.StatusName(code),
+        "solver_status": solver.status_name(code),
         "horizon": index.horizon,
         "hinted": hinted,
         "intervals": sum(len(s) for s in index.start),
     }
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        info["restricted_bound"] = (
-            graph.total_cost + solver.BestObjectiveBound() * index.cost_unit
-        )
-        schedule = decode(graph, index, solver.Value)
+        info["restricted_bound"] = graph.total_cost + solver.best_objective_bound * index.cost_unit
+        schedule = decode(graph, index, solver.value)
         sim = simulate(graph, schedule)
         if sim.peak > budget:  # decoding must honour the model's memory: a bug otherwise
-            raise SolverError(
-                f"CP-SAT schedule for {graph.name!r} peaks at {sim.peak:,} > budget {budget:,}"
-            )
+            raise SolverError(f"CP-SAT schedule for {graph.name!r} peaks at {sim.peak:,} > budget {budget:,}")
         return SolveResult(
-            "cpsat", status, budget, schedule, sim.cost, sim.peak, graph.total_cost,
-            build_s, solve_s, info,
+            "cpsat",
+            status,
+            budget,
+            schedule,
+            sim.cost,
+            sim.peak,
+            graph.total_cost,
+            build_s,
+            solve_s,
+            info,
         )
     if code == cp_model.INFEASIBLE:
         info["restricted_infeasible"] = True
@@ -363,7 +367,7 @@ class _Progress(cp_model.CpSolverSolutionCallback):  # type: ignore[misc]
             SolveProgress(
                 "cpsat",
                 time.perf_counter() - self._t0,
-                incumbent=self._base + self.ObjectiveValue() * self._unit,
+                incumbent=self._base + self.objective_value * self._unit,
                 bound=None,
                 message="incumbent",
             )

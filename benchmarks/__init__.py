@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m benchmarks.run`` (``make bench``) writes ``benchmarks/results/``."""

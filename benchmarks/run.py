@@ -1,0 +1,301 @@
+"""``make bench``: every strategy on the public graphs (and traced models) at fixed budgets.
+
+For each graph and budget (a fraction of the keep-all peak) every registered strategy runs
+through :func:`solvers.api.solve` (which validates its schedule with the simulator) in a
+child process with a wall-clock guard, so a crash, a hang or an exception becomes a row with
+status ``error`` and the message, never the end of the run. Searching strategies get the
+cheapest schedule found so far at the same instance as a warm start (``hint``), the way the
+``auto`` strategy chains them.
+
+Columns: compute overhead = cost / no-recompute cost; cost / LB = cost / the best lower
+bound any strategy proved at that instance (LP relaxation, MILP bound; the no-recompute
+cost at least); peak / budget; build and solve seconds as the strategy reports them.
+
+Outputs: ``benchmarks/results/<name>.csv`` and ``benchmarks/results/README_tables.md``
+(the tables the README pastes), plus a targets section (issue 5's targets, met or missed
+with the measured figure).
+
+Usage::
+
+    python -m benchmarks.run                  # everything (hours: up to 60 s per search)
+    python -m benchmarks.run --quick          # a subset in under 5 minutes
+    python -m benchmarks.run --only VGG16 --strategies cpsat,ilp --budgets 0.9,0.8
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import multiprocessing as mp
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks import tables
+
+REPO = Path(__file__).resolve().parents[1]
+GRAPHS_DIR = REPO / ".." / "shared" / "benchmarks" / "graphs"
+RESULTS_DIR = REPO / "benchmarks" / "results"
+
+BUDGETS = (0.9, 0.8, 0.7, 0.6, 0.5)
+#: in run order: fast heuristics first, so the searches can start from their best schedule
+STRATEGIES = ("checkpoint-all", "chen-sqrtn", "chen-greedy", "dtr", "lp-rounding", "ilp", "cpsat")
+SEARCHING = {"ilp", "lp-rounding", "cpsat", "auto"}
+CHECKMATE_GRAPHS = (
+    "VGG16_b256_224x224",
+    "VGG19_b256_224x224",
+    "vgg_unet_b32_416x608",
+    "fcn_8_vgg_b32_416x608",
+    "segnet_b32_416x608",
+    "MobileNet_b512_224x224",
+    "ResNet50_b256_224x224",
+)
+QUICK_GRAPHS = ("VGG16_b256_224x224", "VGG19_b256_224x224", "vgg_unet_b32_416x608")
+QUICK_BUDGETS = (0.9, 0.7, 0.5)
+QUICK_TIME_LIMIT = 8.0
+TIME_LIMIT = 60.0
+#: issue 5: random_layered_n1000 at 0.8 gets 300 s
+SPECIAL_LIMITS = {("random_layered_n1000", 0.8): 300.0}
+GUARD = 2.0  # a child gets GUARD * time_limit + 30 s of wall clock before it is killed
+
+
+@dataclass
+class Row:
+    """One (graph, budget, strategy) measurement."""
+
+    graph: str
+    n: int
+    budget_frac: float
+    budget_bytes: int
+    strategy: str
+    status: str
+    cost: float | None = None
+    overhead: float | None = None
+    lower_bound: float | None = None
+    best_lb: float | None = None
+    cost_over_lb: float | None = None
+    peak: int | None = None
+    peak_over_budget: float | None = None
+    build_s: float | None = None
+    solve_s: float | None = None
+    wall_s: float | None = None
+    time_limit: float | None = None
+    note: str = ""
+    steps: tuple[tuple[str, int], ...] | None = field(default=None, repr=False)
+
+
+def _child(
+    graph_path: str,
+    budget: int,
+    strategy: str,
+    time_limit: float | None,
+    hint: tuple[tuple[str, int], ...] | None,
+    conn: Any,
+) -> None:
+    """Run one strategy in a child process; send back a dict (never raise)."""
+    out: dict[str, Any]
+    try:
+        from solvers.api import solve
+        from solvers.io import load_graph
+        from solvers.schedule import Schedule
+
+        graph = load_graph(graph_path)
+        options: dict[str, Any] = {}
+        if hint is not None and strategy == "cpsat":
+            options["hint"] = Schedule(hint)
+        t0 = time.perf_counter()
+        res = solve(graph, budget, strategy, time_limit=time_limit, raise_infeasible=False, **options)
+        wall = time.perf_counter() - t0
+        note = ""
+        if "min_budget" in res.info:
+            note = f"min budget >= {int(res.info['min_budget']):,} B"
+        if res.info.get("restrictions"):
+            note = (note + "; " if note else "") + "within: " + ", ".join(res.info["restrictions"])
+        out = {
+            "status": str(res.status),
+            "cost": res.cost,
+            "lower_bound": res.lower_bound,
+            "peak": res.peak,
+            "build_s": res.build_seconds,
+            "solve_s": res.solve_seconds,
+            "wall_s": wall,
+            "note": note,
+            "steps": res.schedule.steps if res.schedule is not None and res.ok else None,
+        }
+    except BaseException as exc:  # a strategy's failure is a row, not the end of the run
+        tb = traceback.format_exc(limit=3).strip().splitlines()
+        out = {"status": "error", "note": f"{type(exc).__name__}: {exc}"[:300], "trace": tb[-3:]}
+    conn.send(out)
+    conn.close()
+
+
+def run_one(
+    graph_path: Path,
+    budget: int,
+    strategy: str,
+    time_limit: float | None,
+    hint: tuple[tuple[str, int], ...] | None,
+) -> dict[str, Any]:
+    """One strategy on one instance, in a forked child guarded by a wall-clock limit."""
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(str(graph_path), budget, strategy, time_limit, hint, child))
+    t0 = time.perf_counter()
+    proc.start()
+    child.close()
+    guard = GUARD * (time_limit or 60.0) + 30.0
+    out: dict[str, Any] | None = None
+    if parent.poll(guard):
+        try:
+            out = parent.recv()
+        except EOFError:
+            out = None
+    proc.join(5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+    if out is None:
+        why = (
+            f"killed after {guard:.0f} s"
+            if time.perf_counter() - t0 >= guard
+            else f"exit code {proc.exitcode}"
+        )
+        out = {"status": "error", "note": f"child process died ({why})"}
+    return out
+
+
+def available_strategies(wanted: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(usable, notes): strategies registered and importable, and why others are skipped."""
+    from solvers.errors import CheckmateError
+    from solvers.strategies import STRATEGIES as REGISTRY
+    from solvers.strategies import get_strategy
+
+    usable, notes = [], []
+    for name in wanted:
+        if name not in REGISTRY:
+            notes.append(f"{name}: not registered, skipped")
+            continue
+        try:
+            get_strategy(name)
+        except (CheckmateError, ImportError, AttributeError):
+            notes.append(f"{name}: registered but its module is not importable here, skipped")
+            continue
+        usable.append(name)
+    return usable, notes
+
+
+def bench_graph(
+    path: Path, budgets: Sequence[float], strategies: Sequence[str], time_limit: float, log: Any
+) -> list[Row]:
+    """Every strategy at every budget on one graph file."""
+    from solvers.api import resolve_budget
+    from solvers.io import load_graph
+
+    graph = load_graph(path)
+    stem = path.stem
+    rows: list[Row] = []
+    for frac in budgets:
+        nbytes, _ = resolve_budget(graph, float(frac))
+        limit = SPECIAL_LIMITS.get((stem, frac), time_limit)
+        inst: list[Row] = []
+        best: tuple[float, tuple[tuple[str, int], ...]] | None = None
+        for strat in strategies:
+            tl = limit if strat in SEARCHING else None
+            out = run_one(path, nbytes, strat, tl, best[1] if best else None)
+            row = Row(
+                stem, graph.n, frac, nbytes, strat, out["status"], time_limit=tl, note=out.get("note", "")
+            )
+            for key in ("cost", "lower_bound", "peak", "build_s", "solve_s", "wall_s", "steps"):
+                setattr(row, key, out.get(key))
+            if row.cost is not None:
+                row.overhead = row.cost / graph.total_cost if graph.total_cost else None
+            if row.peak is not None:
+                row.peak_over_budget = row.peak / nbytes
+            if row.steps is not None and row.cost is not None and (best is None or row.cost < best[0]):
+                best = (row.cost, row.steps)
+            inst.append(row)
+            print(
+                f"  {stem} @ {frac:.2f}  {strat:<15} {row.status:<12} "
+                f"{'' if row.overhead is None else f'{row.overhead:.4f}x':<10} "
+                f"{(row.wall_s or 0):6.1f} s  {row.note[:80]}",
+                file=log,
+                flush=True,
+            )
+        lbs = [r.lower_bound for r in inst if r.lower_bound is not None and r.status != "error"]
+        best_lb = max([graph.total_cost, *lbs])
+        for r in inst:
+            r.best_lb = best_lb
+            if r.cost is not None and best_lb > 0:
+                r.cost_over_lb = r.cost / best_lb
+        rows.extend(inst)
+    return rows
+
+
+def write_csv(rows: Sequence[Row], path: Path) -> None:
+    """The rows as CSV (no schedules)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cols = [k for k in asdict(rows[0]) if k != "steps"] if rows else []
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: v for k, v in asdict(r).items() if k != "steps"})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m benchmarks.run``."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a subset that runs in under 5 minutes")
+    ap.add_argument("--only", default="", help="comma-separated substrings of graph names")
+    ap.add_argument("--strategies", default="", help="comma-separated strategy names")
+    ap.add_argument("--budgets", default="", help="comma-separated fractions of the keep-all peak")
+    ap.add_argument("--time-limit", type=float, default=None, help="seconds per search")
+    ap.add_argument("--graphs-dir", type=Path, default=GRAPHS_DIR)
+    ap.add_argument("--out", default="", help="results name (default: bench or quick)")
+    ap.add_argument("--no-traced", action="store_true", help="skip the traced PyTorch models")
+    args = ap.parse_args(argv)
+
+    gdir = args.graphs_dir.resolve()
+    paths = sorted(gdir.glob("*.json")) if gdir.is_dir() else []
+    budgets = tuple(float(b) for b in args.budgets.split(",") if b) or BUDGETS
+    time_limit = args.time_limit if args.time_limit is not None else TIME_LIMIT
+    if args.quick:
+        paths = [p for p in paths if p.stem in QUICK_GRAPHS]
+        budgets = tuple(float(b) for b in args.budgets.split(",") if b) or QUICK_BUDGETS
+        time_limit = args.time_limit if args.time_limit is not None else QUICK_TIME_LIMIT
+    if args.only:
+        keys = [k.lower() for k in args.only.split(",") if k]
+        paths = [p for p in paths if any(k in p.stem.lower() for k in keys)]
+    wanted = [s for s in args.strategies.split(",") if s] or list(STRATEGIES)
+    strategies, notes = available_strategies(wanted)
+    if not gdir.is_dir():
+        notes.append(f"public graphs not found at {gdir}: not run")
+    name = args.out or ("quick" if args.quick else "bench")
+
+    log = sys.stdout
+    print(f"benchmark {name}: {len(paths)} graphs x {len(budgets)} budgets x {strategies}", file=log)
+    for note in notes:
+        print(f"  note: {note}", file=log)
+    t0 = time.perf_counter()
+    rows: list[Row] = []
+    for p in paths:
+        rows.extend(bench_graph(p, budgets, strategies, time_limit, log))
+        write_csv(rows, RESULTS_DIR / f"{name}.csv")  # partial results survive an interrupt
+    traced_note = "not run (--no-traced)" if args.no_traced or args.quick else tables.traced_status()
+    notes.append(f"traced models (GPT-2-small-like, ResNet-50-like): {traced_note}")
+    write_csv(rows, RESULTS_DIR / f"{name}.csv")
+    md = tables.markdown(rows, notes, time_limit, time.perf_counter() - t0, CHECKMATE_GRAPHS)
+    (RESULTS_DIR / ("README_tables.md" if name == "bench" else f"{name}_tables.md")).write_text(md)
+    print(
+        f"wrote {RESULTS_DIR / (name + '.csv')} ({len(rows)} rows) in {time.perf_counter() - t0:.0f} s",
+        file=log,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
