@@ -50,6 +50,7 @@ __all__ = [
     "cost_fingerprint",
     "atomic_write_text",
     "plan_from_dict",
+    "read_plan_document",
     "document_checksum",
     "stage_matrices",
 ]
@@ -181,8 +182,24 @@ def read_plan(path: str | os.PathLike[str], graph: Graph | None = None) -> Plan:
             another graph.
     """
     p = Path(path)
+    return plan_from_dict(_load_json(p), graph, path=p)
+
+
+def read_plan_document(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and check a plan file without a graph (node ids stay as written).
+
+    Raises:
+        PlanError: unreadable, truncated, not a plan, unknown version, or edited by hand.
+    """
+    p = Path(path)
+    doc = _load_json(p)
+    _check_document(doc, f"{p}: ")
+    return dict(doc)
+
+
+def _load_json(p: Path) -> Any:
     try:
-        doc = json.loads(p.read_text())
+        return json.loads(p.read_text())
     except FileNotFoundError:
         raise PlanError(f"{p}: no such plan file") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -191,12 +208,9 @@ def read_plan(path: str | os.PathLike[str], graph: Graph | None = None) -> Plan:
         raise PlanError(
             f"{p}: not valid JSON (truncated or hand-edited?): {exc.msg} at line {exc.lineno}"
         ) from None
-    return plan_from_dict(doc, graph, path=p)
 
 
-def plan_from_dict(doc: Any, graph: Graph | None = None, *, path: Path | None = None) -> Plan:
-    """Check a parsed plan document (see :func:`read_plan`)."""
-    where = f"{path}: " if path else ""
+def _check_document(doc: Any, where: str) -> None:
     if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
         raise PlanError(f'{where}not a checkmate plan (missing "format": "{PLAN_FORMAT}")')
     version = doc.get("version")
@@ -210,9 +224,15 @@ def plan_from_dict(doc: Any, graph: Graph | None = None, *, path: Path | None = 
     checksum = doc.get("checksum")
     if checksum is not None and checksum != document_checksum(doc):
         raise PlanError(f"{where}plan file was modified after it was written (checksum mismatch); re-plan it")
-    raw = doc["schedule"]
-    if not isinstance(raw, list):
+    if not isinstance(doc["schedule"], list):
         raise PlanError(f"{where}field 'schedule' must be a list")
+
+
+def plan_from_dict(doc: Any, graph: Graph | None = None, *, path: Path | None = None) -> Plan:
+    """Check a parsed plan document (see :func:`read_plan`)."""
+    where = f"{path}: " if path else ""
+    _check_document(doc, where)
+    raw = doc["schedule"]
     if graph is not None:
         fp = doc.get("graph_fingerprint")
         if fp is not None and fp != graph_fingerprint(graph):
