@@ -19,10 +19,11 @@ O(n) integer variables instead of the Checkmate MILP's O(n²) binaries:
 - objective: minimize Σ cost_v · p_vk (the first computes are a constant).
 
 Restrictions (the result is optimal *within* them; see ``info["restrictions"]``):
-``C_v`` computes per node (``max_computes``, default 2); nodes marked fixed-once (non-
+``C_v`` computes per node (``max_computes``, default 3); nodes marked fixed-once (non-
 recomputable nodes, ``graph.meta["fixed_once"]`` from :mod:`solvers.reduce`, and backward
-nodes when ``backward_once``) have C_v = 1; with ``fix_order`` (default) first computes
-follow the graph's id order, the same frontier-advancing restriction as the Checkmate MILP.
+nodes when ``backward_once``) have C_v = 1; time is staged as in the Checkmate MILP (first
+computes in id order; recomputes before the first compute of the stage's node, in id order),
+the same frontier-advancing restriction as the MILP.
 So a CP-SAT "infeasible" is not a proof that no schedule exists: it maps to ``no_solution``
 unless the budget is below the single-op working-set bound.
 """
@@ -69,7 +70,9 @@ class CpsatModel:
 
     Attributes:
         model: the CP-SAT model.
-        start, end, present: per node, the list of its intervals' variables.
+        start, end, present: per node, its intervals' start (an int or an expression), end
+            and presence.
+        stage: per node, its intervals' stage variables (None for the first interval).
         horizon: number of time slots.
         cost_unit: cost represented by one integer unit of the objective.
         restrictions: human-readable list of the restrictions in force.
@@ -79,6 +82,7 @@ class CpsatModel:
     start: list[list[Any]]
     end: list[list[Any]]
     present: list[list[Any]]
+    stage: list[list[Any]]
     horizon: int
     cost_unit: float
     restrictions: list[str]
@@ -104,27 +108,29 @@ def build_model(
     graph: Graph,
     budget: int,
     *,
-    max_computes: int = 2,
+    max_computes: int = 3,
     backward_once: bool = True,
-    fix_order: bool = True,
 ) -> CpsatModel:
     """Build the retention-interval model of ``graph`` under ``budget`` bytes.
+
+    Time is staged as in the Checkmate MILP: stage t ends with the first compute of node t,
+    and recomputes in stage t run in id order before it, so the compute of v in stage t
+    happens at slot ``t * n + v`` (distinct for distinct (stage, node) pairs). First
+    computes are thus fixed (slot ``v * (n + 1)``); a recompute only chooses its stage.
 
     Args:
         graph: the graph.
         budget: memory budget in bytes (the capacity of the cumulative).
         max_computes: intervals per recomputable node (C).
         backward_once: backward nodes get one interval (a restriction).
-        fix_order: first computes follow id order (the MILP's frontier restriction).
 
     Returns:
         The model with its variable index.
     """
     n = graph.n
     caps, notes = _computes_allowed(graph, max_computes, backward_once)
-    if fix_order:
-        notes.append("first computes in id order")
-    horizon = int(caps.sum())
+    notes.append("first computes in id order, recomputes in id order within a stage")
+    horizon = n * n
     m = cp_model.CpModel()
     # Memory in units of the gcd of all sizes: exact, and smaller numbers propagate faster.
     sizes = [int(x) for x in graph.mem if x > 0]
@@ -134,73 +140,66 @@ def build_model(
     total = graph.total_cost
     cost_unit = total / _COST_RESOLUTION if total > 0 else 1.0
     icost = np.rint(graph.cost / cost_unit).astype(np.int64)
-    n_rec = horizon - n  # slots that recomputes can take
 
     start: list[list[Any]] = []
     end: list[list[Any]] = []
     present: list[list[Any]] = []
+    stages: list[list[Any]] = []
     mem_ivs: list[Any] = []
     mem_dem: list[int] = []
-    unit_ivs: list[Any] = []
     for v in range(n):
         sv: list[Any] = []
         ev: list[Any] = []
         pv: list[Any] = []
+        tv: list[Any] = []
         for k in range(int(caps[v])):
             if k == 0:
-                lo, hi = (v, v + n_rec) if fix_order else (0, horizon - 1)
-                s = m.new_int_var(lo, hi, f"s{v}_{k}")
-                p = m.new_constant(1)
+                s: Any = v * (n + 1)
+                e = m.new_int_var(s + 1, horizon, f"e{v}_{k}")
+                iv = m.new_interval_var(s, e - s, e, f"iv{v}_{k}")
+                p: Any = m.new_constant(1)
+                stage: Any = None
             else:
-                s = m.new_int_var(0, horizon - 1, f"s{v}_{k}")
+                stage = m.new_int_var(v + 1, n - 1, f"t{v}_{k}")
+                s = n * stage + v
+                e = m.new_int_var(v * (n + 1) + 2, horizon, f"e{v}_{k}")
                 p = m.new_bool_var(f"p{v}_{k}")
-            e = m.new_int_var(1, horizon, f"e{v}_{k}")
-            size = m.new_int_var(1, horizon, f"d{v}_{k}")
-            if k == 0:
-                iv = m.new_interval_var(s, size, e, f"iv{v}_{k}")
-                unit = m.new_fixed_size_interval_var(s, 1, f"c{v}_{k}")
-            else:
+                size = m.new_int_var(1, horizon, f"d{v}_{k}")
                 iv = m.new_optional_interval_var(s, size, e, p, f"iv{v}_{k}")
-                unit = m.new_optional_fixed_size_interval_var(s, 1, p, f"c{v}_{k}")
                 # ordered, disjoint intervals; absent ones pinned to break symmetry
                 m.add_implication(p, pv[k - 1])
                 m.add(s >= ev[k - 1]).only_enforce_if(p)
-                m.add(s == 0).only_enforce_if(p.Not())
+                m.add(stage == v + 1).only_enforce_if(p.Not())
                 m.add(size == 1).only_enforce_if(p.Not())
             if demand[v] > 0:
                 mem_ivs.append(iv)
                 mem_dem.append(int(demand[v]))
-            unit_ivs.append(unit)
             sv.append(s)
             ev.append(e)
             pv.append(p)
+            tv.append(stage)
+        stages.append(tv)
         start.append(sv)
         end.append(ev)
         present.append(pv)
-    m.add_no_overlap(unit_ivs)
     if mem_ivs:
         m.add_cumulative(mem_ivs, mem_dem, capacity)
-    if fix_order:
-        for v in range(n - 1):
-            m.add(start[v + 1][0] > start[v][0])
     for u, v in graph.edges:
         for k in range(len(start[v])):
+            if len(start[u]) == 1:  # u is never recomputed: its one interval must cover
+                m.add(end[u][0] > start[v][k]).only_enforce_if(present[v][k])
+                continue
             cover = []
             for lu in range(len(start[u])):
                 b = m.new_bool_var(f"r{u}_{lu}_{v}_{k}")
                 if lu > 0:
                     m.add_implication(b, present[u][lu])
-                m.add(start[u][lu] < start[v][k]).only_enforce_if(b)
+                    m.add(start[u][lu] < start[v][k]).only_enforce_if(b)
                 m.add(end[u][lu] > start[v][k]).only_enforce_if(b)
                 cover.append(b)
-            if k == 0:
-                m.add_bool_or(cover)
-                # implied: an input's first compute precedes every compute of its reader
-                m.add(start[u][0] < start[v][0])
-            else:
-                m.add_bool_or([present[v][k].Not(), *cover])
+            m.add_bool_or([present[v][k].Not(), *cover])
     m.minimize(sum(int(icost[v]) * present[v][k] for v in range(n) for k in range(1, len(start[v]))))
-    return CpsatModel(m, start, end, present, horizon, cost_unit, notes)
+    return CpsatModel(m, start, end, present, stages, horizon, cost_unit, notes)
 
 
 def decode(graph: Graph, index: CpsatModel, value: Any) -> Schedule:
@@ -211,7 +210,9 @@ def decode(graph: Graph, index: CpsatModel, value: Any) -> Schedule:
     for v in range(graph.n):
         for k in range(len(index.start[v])):
             if value(index.present[v][k]):
-                events.append((int(value(index.start[v][k])), int(value(index.end[v][k])), v))
+                s = index.start[v][k]
+                s = s if isinstance(s, int) else int(value(s))
+                events.append((s, int(value(index.end[v][k])), v))
     events.sort()
     times = np.array([s for s, _, _ in events], dtype=np.int64)
     frees: list[list[int]] = [[] for _ in events]
@@ -227,40 +228,58 @@ def decode(graph: Graph, index: CpsatModel, value: Any) -> Schedule:
 
 
 def _add_hint(graph: Graph, index: CpsatModel, hint: Schedule) -> bool:
-    """Hint the solver with ``hint`` (slot = compute position). False if it does not fit
-    the model's restrictions (too many computes of a node, first computes out of order)."""
-    counts = hint.compute_counts(graph.n)
+    """Hint the solver with ``hint``: each compute's stage is the next first compute's id.
+    False (no hint) when it does not fit the model: too many computes of a node, or first
+    computes out of id order."""
+    n = graph.n
+    counts = hint.compute_counts(n)
     caps = np.array([len(s) for s in index.start])
     if np.any(counts > caps) or np.any(counts == 0):
         return False
-    computes: list[tuple[int, int]] = []  # (node, slot)
+    # stage of each compute (in step order): recomputes belong to the next frontier stage
+    comp = [i for op, i in hint.steps if op == COMPUTE]
+    first_pos = np.full(n, -1, dtype=np.int64)
+    for pos, i in enumerate(comp):
+        if first_pos[i] < 0:
+            first_pos[i] = pos
+    if not np.all(np.diff(first_pos) > 0):
+        return False
+    slot: list[int] = []
+    stage_of: list[int] = []
+    frontier = 0  # the node whose first compute ends the current stage
+    for pos, i in enumerate(comp):
+        if first_pos[i] == pos:
+            slot.append(i * (n + 1))
+            stage_of.append(i)
+            frontier = i + 1
+        else:
+            slot.append(frontier * n + i)
+            stage_of.append(frontier)
+    kk = np.zeros(n, dtype=np.int64)
+    # interval end: one past the slot of the last compute before its free (or the end)
     ends: dict[tuple[int, int], int] = {}
-    open_iv: dict[int, tuple[int, int]] = {}
-    seen = np.zeros(graph.n, dtype=np.int64)
-    slot = -1
+    open_iv: dict[int, int] = {}
+    pos = -1
     for op, i in hint.steps:
         if op == COMPUTE:
-            slot += 1
-            k = int(seen[i])
-            seen[i] += 1
-            computes.append((i, slot))
-            open_iv[i] = (k, slot)
+            pos += 1
+            open_iv[i] = int(kk[i])
+            kk[i] += 1
         else:
-            k, _ = open_iv.pop(i)
-            ends[(i, k)] = slot + 1
-    for i, (k, _) in open_iv.items():
-        ends[(i, k)] = slot + 1
+            ends[(i, open_iv.pop(i))] = slot[pos] + 1
+    for i, k in open_iv.items():
+        ends[(i, k)] = index.horizon
     model = index.model
-    kk = np.zeros(graph.n, dtype=np.int64)
-    for i, s in computes:
+    kk[:] = 0
+    for pos, i in enumerate(comp):
         k = int(kk[i])
         kk[i] += 1
-        model.add_hint(index.start[i][k], s)
         model.add_hint(index.end[i][k], ends[(i, k)])
         if k > 0:
+            model.add_hint(index.stage[i][k], stage_of[pos])
             model.add_hint(index.present[i][k], 1)
-    for v in range(graph.n):
-        for k in range(int(kk[v]), len(index.start[v])):
+    for v in range(n):
+        for k in range(max(1, int(kk[v])), len(index.start[v])):
             model.add_hint(index.present[v][k], 0)
     return True
 
@@ -270,9 +289,8 @@ def solve_cpsat(
     budget: int,
     *,
     time_limit: float | None = None,
-    max_computes: int = 2,
+    max_computes: int = 3,
     backward_once: bool = True,
-    fix_order: bool = True,
     hint: Schedule | None = None,
     workers: int = 2,
     seed: int = 0,
@@ -287,7 +305,6 @@ def solve_cpsat(
         time_limit: seconds for the search; the best incumbent is returned.
         max_computes: intervals (computes) allowed per recomputable node.
         backward_once: compute backward nodes exactly once (a restriction).
-        fix_order: first computes in id order (the MILP's frontier restriction).
         hint: a schedule to start from (ignored when it breaks the restrictions).
         workers: CP-SAT search workers.
         seed: CP-SAT random seed.
@@ -309,9 +326,7 @@ def solve_cpsat(
             "cpsat", Status.INFEASIBLE, budget, info={"min_budget": floor, "min_budget_exact": False}
         )
     t0 = time.perf_counter()
-    index = build_model(
-        graph, budget, max_computes=max_computes, backward_once=backward_once, fix_order=fix_order
-    )
+    index = build_model(graph, budget, max_computes=max_computes, backward_once=backward_once)
     hinted = _add_hint(graph, index, hint) if hint is not None else False
     build_s = time.perf_counter() - t0
 

@@ -1,0 +1,141 @@
+"""CP-SAT strategy: agrees with exhaustive search on tiny graphs, decodes valid schedules,
+reaches the published VGG16 optimum, maps statuses and honours hints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ortools")
+
+from solvers.api import memory_lower_bound, solve  # noqa: E402
+from solvers.graph import Graph  # noqa: E402
+from solvers.io import load_graph  # noqa: E402
+from solvers.result import Status  # noqa: E402
+from solvers.schedule import keep_all_peak, schedule_from_order, validate  # noqa: E402
+from solvers.strategies import get_strategy  # noqa: E402
+from solvers.strategies.cpsat import solve_cpsat  # noqa: E402
+
+from ._bruteforce import optimal_cost, random_dag  # noqa: E402
+
+GRAPHS = Path(__file__).resolve().parents[2] / ".." / "shared" / "benchmarks" / "graphs"
+
+
+def chain(n: int, mem: int = 1, cost: float = 1.0) -> Graph:
+    nodes = [{"key": i, "name": f"c{i}", "cost": cost, "mem": mem} for i in range(n)]
+    return Graph.build(nodes, [(i, i + 1) for i in range(n - 1)])
+
+
+def with_loss(n: int) -> Graph:
+    """A forward chain f0..f{n-1} and its backward chain; b_k reads f_k and b_{k+1}."""
+    nodes = [{"key": f"f{i}", "name": f"f{i}", "cost": 1.0, "mem": 1} for i in range(n)]
+    nodes += [{"key": f"b{i}", "name": f"b{i}", "cost": 1.0, "mem": 1, "backward": True} for i in range(n)]
+    edges = [(f"f{i}", f"f{i + 1}") for i in range(n - 1)] + [(f"f{n - 1}", f"b{n - 1}")]
+    edges += [(f"f{i}", f"b{i}") for i in range(n - 1)] + [(f"b{i + 1}", f"b{i}") for i in range(n - 1)]
+    return Graph.build(nodes, edges)
+
+
+def test_registered_and_runs_through_api() -> None:
+    g = chain(5)
+    assert get_strategy("cpsat") is solve_cpsat
+    res = solve(g, 1.0, "cpsat", time_limit=10)
+    assert res.status == Status.OPTIMAL
+    assert res.cost == pytest.approx(g.total_cost)
+
+
+def test_known_answer_forward_backward_chain() -> None:
+    """4-layer chain + gradients at unit sizes. Keep-all peak is 5 (four activations, one
+    gradient); at 4 one activation must be recomputed once (cost 9), at 3 the brute force
+    says the same, and CP-SAT must agree at each budget."""
+    g = with_loss(4)
+    assert keep_all_peak(g) == 5
+    for budget in (5, 4, 3):
+        want = optimal_cost(g, budget, staged=True)
+        res = solve_cpsat(g, budget, time_limit=10, max_computes=4, backward_once=False)
+        assert want is not None
+        assert res.status == Status.OPTIMAL
+        assert res.cost == pytest.approx(want)
+        validate(g, res.schedule, budget)
+    assert solve_cpsat(g, 5, time_limit=10).cost == pytest.approx(8.0)
+    assert solve_cpsat(g, 4, time_limit=10).cost == pytest.approx(9.0)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_agrees_with_brute_force(seed: int) -> None:
+    """With enough intervals and no backward restriction, the model's optimum is the staged
+    (Checkmate-order) optimum found by exhaustive search, and never below the free optimum."""
+    g = random_dag(seed, 8, p_edge=0.25)
+    lo, hi = memory_lower_bound(g), keep_all_peak(g)
+    for budget in sorted({lo, (lo + hi) // 2}):
+        staged = optimal_cost(g, budget, staged=True)
+        free = optimal_cost(g, budget)
+        res = solve_cpsat(g, budget, time_limit=10, max_computes=g.n, backward_once=False)
+        if staged is None:
+            assert res.status == Status.NO_SOLUTION
+            assert res.info.get("restricted_infeasible")
+            continue
+        assert res.status == Status.OPTIMAL
+        assert res.cost == pytest.approx(staged)
+        assert free is not None and res.cost >= free - 1e-9
+        sim = validate(g, res.schedule, budget)
+        assert sim.peak <= budget
+
+
+def test_below_working_set_is_proven_infeasible() -> None:
+    g = chain(4, mem=3)
+    res = solve_cpsat(g, 5, time_limit=5)
+    assert res.status == Status.INFEASIBLE
+    assert res.info["min_budget"] == 6
+
+
+def test_hint_is_used_and_respects_restrictions() -> None:
+    g = with_loss(5)
+    keep_all = schedule_from_order(g, range(g.n))
+    res = solve_cpsat(g, keep_all_peak(g), time_limit=10, hint=keep_all)
+    assert res.info["hinted"] is True
+    assert res.cost == pytest.approx(g.total_cost)
+    # a hint that computes a node more often than the model allows is rejected, not fatal
+    many = schedule_from_order(g, [0, 1, 2, 3, 4, 0, 0, *range(5, g.n)])
+    res = solve_cpsat(g, keep_all_peak(g), time_limit=10, hint=many, max_computes=2)
+    assert res.info["hinted"] is False
+    assert res.status == Status.OPTIMAL
+
+
+def test_fixed_once_meta_and_nonrecomputable_are_honoured() -> None:
+    g = with_loss(5)
+    budget = 4
+    free = solve_cpsat(g, budget, time_limit=10, backward_once=False)
+    nodes = [
+        {
+            "key": nd.ext,
+            "name": nd.name,
+            "cost": nd.cost,
+            "mem": nd.mem,
+            "backward": nd.backward,
+            "recomputable": nd.id != 0,
+        }
+        for nd in g.nodes
+    ]
+    g2 = Graph.build(nodes, [(g.nodes[u].ext, g.nodes[v].ext) for u, v in g.edges])
+    res = solve_cpsat(g2, budget, time_limit=10, backward_once=False)
+    if res.ok:
+        assert res.schedule is not None
+        counts = res.schedule.compute_counts(g2.n)
+        assert counts[0] == 1
+        validate(g2, res.schedule, budget)
+        assert res.cost >= free.cost - 1e-9
+
+
+@pytest.mark.skipif(not GRAPHS.is_dir(), reason=f"public graphs not found at {GRAPHS}")
+def test_vgg16_at_09_reaches_published_optimum() -> None:
+    """Checkmate's MILP and Moccasin agree on 1.0197x the no-recompute cost."""
+    g = load_graph(GRAPHS / "VGG16_b256_224x224.json")
+    budget = int(0.9 * keep_all_peak(g))
+    res = solve_cpsat(g, budget, time_limit=30)
+    assert res.status == Status.OPTIMAL
+    assert res.cost / g.total_cost == pytest.approx(1.0197, abs=5e-4)
+    sim = validate(g, res.schedule, budget)
+    assert sim.peak <= budget
+    assert np.all(res.schedule.compute_counts(g.n) >= 1)
