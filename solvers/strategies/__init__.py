@@ -47,6 +47,15 @@ STRATEGIES: dict[str, tuple[str, str]] = {
         "solvers.strategies.baselines:griewank",
         "Griewank & Walther 2000: binomial checkpointing (revolve) for chains",
     ),
+    "dtr": (
+        "solvers.strategies.dtr:dtr",
+        "DTR (Kirisame et al. 2021): online greedy eviction, h_eq by default (option heuristic=dtr|eq|local|lru|size)",
+    ),
+    "dtr-full": ("solvers.strategies.dtr:dtr_full", "DTR with h_DTR (exact evicted neighbourhood)"),
+    "dtr-eq": ("solvers.strategies.dtr:dtr_eq", "DTR with h_eq (union-find evicted neighbourhood)"),
+    "dtr-local": ("solvers.strategies.dtr:dtr_local", "DTR with h_local = cost / (size x staleness)"),
+    "dtr-lru": ("solvers.strategies.dtr:dtr_lru", "DTR evicting the least recently used value"),
+    "dtr-size": ("solvers.strategies.dtr:dtr_size", "DTR evicting the largest value"),
     "cpsat": (
         "solvers.strategies.cpsat:solve_cpsat",
         "Moccasin (Bartan et al. 2023): retention intervals, cumulative memory, OR-Tools CP-SAT",
