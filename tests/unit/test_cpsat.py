@@ -10,15 +10,15 @@ import pytest
 
 pytest.importorskip("ortools")
 
-from solvers.api import memory_lower_bound, solve  # noqa: E402
-from solvers.graph import Graph  # noqa: E402
-from solvers.io import load_graph  # noqa: E402
-from solvers.result import Status  # noqa: E402
-from solvers.schedule import keep_all_peak, schedule_from_order, validate  # noqa: E402
-from solvers.strategies import get_strategy  # noqa: E402
-from solvers.strategies.cpsat import solve_cpsat  # noqa: E402
+from solvers.api import memory_lower_bound, solve
+from solvers.graph import Graph
+from solvers.io import load_graph
+from solvers.result import Status
+from solvers.schedule import keep_all_peak, schedule_from_order, validate
+from solvers.strategies import get_strategy
+from solvers.strategies.cpsat import solve_cpsat
 
-from ._bruteforce import optimal_cost, random_dag  # noqa: E402
+from ._bruteforce import optimal_cost, random_dag
 
 GRAPHS = Path(__file__).resolve().parents[2] / ".." / "shared" / "benchmarks" / "graphs"
 
