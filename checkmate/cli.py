@@ -146,10 +146,12 @@ class _Progress:
             return
         line = self.format(p)
         if self.live is not None:
-            self.live.update(line)
+            from rich.text import Text
+
+            self.live.update(Text(line, no_wrap=True, overflow="ellipsis"))
         elif p.elapsed - self.last >= 1.0:  # a log, not a flood, when not on a terminal
             self.last = p.elapsed
-            self.console.print(line)
+            self.console.print(line, markup=False, soft_wrap=True)
 
     def format(self, p: SolveProgress) -> str:
         def ratio(x: float | None) -> str:
@@ -598,15 +600,26 @@ def plot(plan: str, graph_path: str, output: str, debug: bool) -> None:
     multiple=True,
     help="Shape of one random input, e.g. 8,3,32,32 (repeat for several).",
 )
-@click.option("--profile", "profile", default=None, help="Device profile name or JSON file for the op costs.")
+@click.option(
+    "--profile",
+    "profile",
+    default=None,
+    help="Device profile (name in profiles/ or a JSON file) for the op costs; default: measure on --device.",
+)
+@click.option("--device", default="cpu", show_default=True, help="Where to run the model while tracing.")
 @click.option("--output", "-o", required=True, help="Graph JSON to write.")
 @_debug_option
 @_handled
-def trace(factory: str, shapes: tuple[str, ...], profile: str | None, output: str, debug: bool) -> None:
+def trace(
+    factory: str, shapes: tuple[str, ...], profile: str | None, device: str, output: str, debug: bool
+) -> None:
     """Trace MODULE:FACTORY (a function returning a model, or (model, inputs)) into a graph."""
     out = Path(output)
     _check_writable(out)
-    g = _trace_factory(factory, [_shape(s) for s in shapes], profile)
+    dims = [_shape(s) for s in shapes]
+    from checkmate.cli_trace import trace_factory
+
+    g = trace_factory(factory, dims, profile, device)
     from solvers.io import save_graph
 
     save_graph(g, out)
@@ -614,61 +627,15 @@ def trace(factory: str, shapes: tuple[str, ...], profile: str | None, output: st
     _kv("saved", str(out))
 
 
-def _load_factory(spec: str) -> Callable[[], Any]:
-    """``module:function`` (or ``path/to/file.py:function``) -> the function."""
-    import importlib
-    import importlib.util
-
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        _fail(f"error: {spec!r} is not MODULE:FACTORY (e.g. examples.models:mlp)")
-    try:
-        if module_name.endswith(".py"):
-            path = Path(module_name)
-            mspec = importlib.util.spec_from_file_location(path.stem, path)
-            if mspec is None or mspec.loader is None or not path.exists():
-                _fail(f"error: {module_name}: no such Python file")
-            module = importlib.util.module_from_spec(mspec)
-            mspec.loader.exec_module(module)
-        else:
-            if str(Path.cwd()) not in sys.path:
-                sys.path.insert(0, str(Path.cwd()))  # as `python -m` would: local modules resolve
-            module = importlib.import_module(module_name)
-    except ImportError as exc:
-        _fail(f"error: cannot import {module_name!r}: {exc}")
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        _fail(f"error: {module_name!r} has no callable {attr!r}")
-    return fn  # type: ignore[no-any-return]
-
-
-def _trace_factory(spec: str, shapes: Sequence[tuple[int, ...]], profile: str | None) -> Any:
-    """Build the model from its factory, trace and profile it into a graph."""
-    fn = _load_factory(spec)
-    made = fn()
-    model, inputs = (made[0], tuple(made[1:])) if isinstance(made, tuple) else (made, ())
-    if len(inputs) == 1 and isinstance(inputs[0], (tuple, list)):
-        inputs = tuple(inputs[0])
-    import torch
-
-    if shapes:
-        inputs = tuple(torch.randn(*s) for s in shapes)
-    if not inputs:
-        _fail(f"error: {spec} returned a model without example inputs; give --input-shape (e.g. 8,3,32,32)")
-    if not isinstance(model, torch.nn.Module):
-        _fail(f"error: {spec} returned {type(model).__name__}, not a torch.nn.Module")
-    try:
-        from checkmate.trace import trace_model  # type: ignore[attr-defined]
-    except ImportError:
-        raise CheckmateError("this checkmate has no model tracer yet (checkmate.trace.trace_model)") from None
-    return trace_model(model, inputs, profile=profile).graph
-
-
 def _shape(text: str) -> tuple[int, ...]:
+    import re
+
     try:
-        dims = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+        dims = tuple(int(x) for x in re.split(r"[,x]", text.strip()))
     except ValueError:
-        _fail(f"error: --input-shape {text!r} must be integers separated by commas, e.g. 8,3,32,32")
+        _fail(
+            f"error: --input-shape {text!r} must be integers separated by commas, e.g. 8,3,32,32 or 8x3x32x32"
+        )
     if not dims or min(dims) <= 0:
         _fail(f"error: --input-shape {text!r} must list positive sizes")
     return dims

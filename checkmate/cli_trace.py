@@ -1,0 +1,140 @@
+"""``checkmate trace``: a model factory -> a profiled joint graph saved for offline planning.
+
+The only part of the command line that imports torch (lazily, from :mod:`checkmate.cli`).
+The joint forward+backward graph is captured the way PyTorch's own min-cut partitioner
+sees it: AOTAutograd hands ``partition_fn`` the functionalized joint graph and the number
+of forward outputs; that graph is modelled by :func:`checkmate.trace.build_graph` with op
+costs from :func:`checkmate.profile.profile_costs` (measured, or from a device profile).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from solvers.errors import CheckmateError, TraceError
+from solvers.graph import Graph
+
+__all__ = ["load_factory", "trace_factory", "capture_joint"]
+
+
+def load_factory(spec: str) -> Callable[[], Any]:
+    """``module:function`` or ``path/to/file.py:function`` -> the function.
+
+    Raises:
+        CheckmateError: the spec is malformed, the module cannot be imported, or it has no
+            such callable.
+    """
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise CheckmateError(f"{spec!r} is not MODULE:FACTORY (e.g. mypkg.models:make_model)")
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            mspec = importlib.util.spec_from_file_location(path.stem, path)
+            if mspec is None or mspec.loader is None or not path.is_file():
+                raise CheckmateError(f"{module_name}: no such Python file")
+            module = importlib.util.module_from_spec(mspec)
+            mspec.loader.exec_module(module)
+        else:
+            if str(Path.cwd()) not in sys.path:
+                sys.path.insert(0, str(Path.cwd()))  # as `python -m` does: local modules resolve
+            module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CheckmateError(f"cannot import {module_name!r}: {exc}") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise CheckmateError(f"{module_name!r} has no callable {attr!r}")
+    return fn  # type: ignore[no-any-return]
+
+
+def capture_joint(model: torch.nn.Module, inputs: Sequence[Any]) -> tuple[torch.fx.GraphModule, int]:
+    """The functionalized joint graph of one training step and its number of forward outputs.
+
+    Raises:
+        TraceError: AOTAutograd could not trace the model.
+    """
+    from functorch.compile import aot_module
+    from torch._functorch.partitioners import default_partition
+
+    captured: dict[str, Any] = {}
+
+    def partition(gm: torch.fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kw: Any) -> Any:
+        captured["gm"], captured["n"] = gm, num_fwd_outputs
+        return default_partition(gm, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw)
+
+    compiled = aot_module(model, fw_compiler=_identity, bw_compiler=_identity, partition_fn=partition)
+    try:
+        compiled(*inputs)
+    except Exception as exc:
+        raise TraceError(f"could not trace the model with AOTAutograd: {type(exc).__name__}: {exc}") from exc
+    if "gm" not in captured:
+        raise TraceError("the model produced no joint graph: does any output require grad?")
+    return captured["gm"], int(captured["n"])
+
+
+def _identity(gm: torch.fx.GraphModule, _: Any) -> torch.fx.GraphModule:
+    return gm
+
+
+def trace_factory(
+    spec: str,
+    shapes: Sequence[tuple[int, ...]] = (),
+    profile: str | None = None,
+    device: str = "cpu",
+) -> Graph:
+    """Build a model with its factory, trace one training step and profile its ops.
+
+    Args:
+        spec: ``module:function``; the function returns a model, or ``(model, inputs...)``.
+        shapes: shapes of random float inputs (override the factory's inputs).
+        profile: a device profile name or JSON file; None measures every op on ``device``.
+        device: where the model runs while tracing and measuring.
+
+    Returns:
+        The graph, with ``meta`` naming the factory, the input shapes and the profile.
+
+    Raises:
+        CheckmateError: a bad factory or inputs; TraceError when tracing fails.
+    """
+    made = load_factory(spec)()
+    model, inputs = (made[0], tuple(made[1:])) if isinstance(made, tuple) else (made, ())
+    if len(inputs) == 1 and isinstance(inputs[0], (tuple, list)):
+        inputs = tuple(inputs[0])
+    if not isinstance(model, torch.nn.Module):
+        raise CheckmateError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")
+    if shapes:
+        inputs = tuple(torch.randn(*s) for s in shapes)
+    if not inputs:
+        raise CheckmateError(
+            f"{spec} returned a model without example inputs; give --input-shape (e.g. 8,3,32,32)"
+        )
+    dev = torch.device(device)
+    model = model.to(dev)
+    inputs = tuple(x.to(dev) if isinstance(x, torch.Tensor) else x for x in inputs)
+
+    from checkmate.profile import profile_costs, profile_id
+    from checkmate.trace import build_graph
+
+    gm, num_fwd = capture_joint(model, inputs)
+    jg = build_graph(
+        gm,
+        num_fwd,
+        lambda nodes: profile_costs(gm, nodes, profile=profile, device=dev),
+        name=spec.rpartition(":")[2],
+    )
+    meta = {
+        **dict(jg.graph.meta),
+        "factory": spec,
+        "input_shapes": [list(x.shape) for x in inputs if isinstance(x, torch.Tensor)],
+        "profile": profile_id(profile, dev),
+        "torch": torch.__version__,
+    }
+    return dataclasses.replace(jg.graph, meta=meta)

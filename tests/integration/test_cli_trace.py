@@ -1,0 +1,103 @@
+"""``checkmate trace``: a model factory -> a saved graph that ``checkmate solve`` plans."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+pytest.importorskip("torch")
+
+from checkmate.cli import cli
+from solvers import load_graph, read_plan, validate
+
+pytestmark = pytest.mark.torch
+
+FACTORY = textwrap.dedent(
+    """
+    import torch
+
+    def with_inputs():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+            torch.nn.Linear(64, 8),
+        )
+        return model, torch.randn(16, 32)
+
+    def model_only():
+        return torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+    def not_a_model():
+        return 42
+    """
+)
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args))
+
+
+@pytest.fixture
+def factory(tmp_path: Path) -> Path:
+    path = tmp_path / "models.py"
+    path.write_text(FACTORY)
+    return path
+
+
+def test_trace_then_solve(factory: Path, tmp_path: Path) -> None:
+    gpath, plan = tmp_path / "g.json", tmp_path / "p.json"
+    res = run("trace", f"{factory}:with_inputs", "--profile", "cpu", "-o", str(gpath))
+    assert res.exit_code == 0, res.output
+    g = load_graph(gpath)
+    assert g.n >= 10 and g.backward_mask.any() and not g.backward_mask.all()
+    assert g.total_cost > 0 and g.mem.sum() > 0
+    meta = json.loads(gpath.read_text())["meta"]
+    assert meta["factory"].endswith(":with_inputs") and meta["input_shapes"] == [[16, 32]]
+    assert meta["profile"].startswith("profile:cpu")
+    res = run("solve", str(gpath), "-b", "0.9", "-s", "chen-greedy", "-o", str(plan), "-q")
+    assert res.exit_code in (0, 1), res.output  # a tiny MLP may have no schedule under 0.9
+    if res.exit_code == 0:
+        doc = json.loads(plan.read_text())
+        validate(g, read_plan(plan, g).schedule, doc["budget_bytes"])
+    res = run("solve", str(gpath), "-b", "1.0", "-s", "checkpoint-all", "-o", str(plan), "-q")
+    assert res.exit_code == 0, res.output
+
+
+def test_trace_with_input_shape(factory: Path, tmp_path: Path) -> None:
+    gpath = tmp_path / "g.json"
+    res = run("trace", f"{factory}:model_only", "-o", str(gpath), "--profile", "cpu")
+    assert res.exit_code == 2 and "--input-shape" in res.stderr
+    assert not gpath.exists()
+    res = run("trace", f"{factory}:model_only", "--input-shape", "8,32", "--profile", "cpu", "-o", str(gpath))
+    assert res.exit_code == 0, res.output
+    assert json.loads(gpath.read_text())["meta"]["input_shapes"] == [[8, 32]]
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("no_colon", "MODULE:FACTORY"),
+        ("no_such_module_xyz:f", "cannot import"),
+        ("{factory}:missing", "no callable"),
+        ("{factory}:not_a_model", "not a torch.nn.Module"),
+    ],
+)
+def test_trace_bad_factories(spec: str, match: str, factory: Path, tmp_path: Path) -> None:
+    gpath = tmp_path / "g.json"
+    res = run("trace", spec.format(factory=factory), "--input-shape", "4,32", "-o", str(gpath))
+    assert res.exit_code == 2, res.output
+    assert match in res.stderr and "Traceback" not in res.output
+    assert not gpath.exists()
+
+
+def test_trace_bad_shape_and_profile(factory: Path, tmp_path: Path) -> None:
+    gpath = tmp_path / "g.json"
+    res = run("trace", f"{factory}:model_only", "--input-shape", "8,x", "-o", str(gpath))
+    assert res.exit_code == 2 and "input-shape" in res.stderr
+    res = run("trace", f"{factory}:with_inputs", "--profile", "no-such-device", "-o", str(gpath))
+    assert res.exit_code == 2 and "no-such-device" in res.stderr
+    assert not gpath.exists()
