@@ -16,6 +16,8 @@ in the profile overrides it):
   that (four matmuls for the gradients and one to recompute the scores).
 - ``native_layer_norm``/batch norm: 5 FLOPs per input element (backward: 8); softmax and
   log-softmax: 5 (backward: 4).
+- random ops (``native_dropout``, ``bernoulli``, ``rand_like``): 100 FLOPs per element
+  (drawing a random number costs ~100 instructions on a CPU; GPUs stay memory-bound).
 - pointwise ops (``torch.Tag.pointwise``): one FLOP per output element, 8 for
   transcendental functions (exp, tanh, erf, gelu, ...); reductions: one per input element.
 - every other op: 0 FLOPs, so its estimate is bytes moved / bandwidth.
@@ -179,8 +181,13 @@ _FLOPS: dict[Any, tuple[Callable[[Sequence[Any], Any], float], bool]] = {
     aten._softmax: (_per_input_element(5), False),
     aten._log_softmax: (_per_input_element(5), False),
     aten._softmax_backward_data: (_per_input_element(4), False),
+    aten.native_dropout: (_per_input_element(100), False),
+    aten.bernoulli: (_per_input_element(100), False),
+    aten.rand_like: (_per_input_element(100), False),
     aten._log_softmax_backward_data: (_per_input_element(4), False),
 }
+if hasattr(aten, "_safe_softmax"):
+    _FLOPS[aten._safe_softmax] = (_per_input_element(5), False)
 for _name in (
     "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_efficient_attention",

@@ -137,7 +137,7 @@ class DeviceProfile:
         ops_doc = doc.get("ops", {})
         if not isinstance(ops_doc, Mapping):
             raise ProfileError(f"{where}: field 'ops' must be an object mapping op signatures to seconds")
-        ops = {str(k): _number(v, f"ops[{k!r}]", where, positive=False) for k, v in ops_doc.items()}
+        ops = {str(k): _number(v, f"ops[{k}]", where, positive=False) for k, v in ops_doc.items()}
         return cls(
             name=name,
             device=device,
@@ -213,7 +213,7 @@ def _number(value: Any, key: str, where: str, *, positive: bool) -> float:
     if ok and (value > 0 if positive else value >= 0):
         return float(value)
     need = "a positive" if positive else "a non-negative"
-    raise ProfileError(f"{where}: field {key!r} must be {need} finite number, got {value!r}")
+    raise ProfileError(f"{where}: field '{key}' must be {need} finite number, got {value!r}")
 
 
 def profiles_dir() -> Path:

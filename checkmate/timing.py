@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from checkmate.cache import cache_dir, cache_enabled
 from checkmate.flops import flat_tensors
 from solvers.plan import atomic_write_text
 
@@ -268,18 +269,6 @@ def _time_cuda(fn: Callable[[], Any], dev: torch.device) -> float:
 # --- the persistent cache --------------------------------------------------------------
 
 
-def _cache_dir() -> Path:
-    explicit = os.environ.get("CHECKMATE_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "checkmate"
-
-
-def _persist() -> bool:
-    return os.environ.get("CHECKMATE_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
 def _read_cache(path: Path) -> dict[str, float]:
     try:
         doc = json.loads(path.read_text())
@@ -332,8 +321,8 @@ def measure_costs(
     """
     dev = torch.device(device)
     tag = device_tag(dev)
-    persist = _persist()
-    path = _cache_dir() / "op_times" / f"{tag}.json"
+    persist = cache_enabled()
+    path = cache_dir() / "op_times" / f"{tag}.json"
     key = str(path) if persist else tag
     known = _MEMORY.get(key)
     if known is None:

@@ -1,0 +1,131 @@
+"""Measured peak memory: exact on known allocations, views once, plausible on a training step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from checkmate.memory import MemoryTracker, measure_peak
+
+pytestmark = pytest.mark.torch
+
+MB = 1 << 20
+
+
+def _bytes(n: int) -> torch.Tensor:
+    return torch.empty(n, dtype=torch.uint8)
+
+
+def test_known_allocations_give_the_exact_peak() -> None:
+    def step() -> None:
+        a, b, c = _bytes(1 * MB), _bytes(2 * MB), _bytes(3 * MB)  # 6 MB live
+        del b  # 4 MB
+        d = _bytes(1 * MB)  # 5 MB
+        e = _bytes(3 * MB)  # 8 MB: the peak
+        del a, c, d, e
+        f = _bytes(7 * MB)  # 7 MB, below the peak
+        del f
+
+    assert measure_peak(step) == 8 * MB
+
+
+def test_freed_memory_is_reused_in_the_count() -> None:
+    def step() -> None:
+        for _ in range(5):
+            x = torch.zeros(MB // 4)  # 1 MB, freed when rebound
+            del x
+
+    assert measure_peak(step) == MB
+
+
+def test_views_share_their_base_and_are_counted_once() -> None:
+    def step() -> list[torch.Tensor]:
+        base = torch.zeros(256, 1024)  # 1 MB
+        return [base.t(), base[3:], base.view(-1), base.unsqueeze(0), base.detach(), *base.split(64)]
+
+    assert measure_peak(step) == MB
+
+
+def test_memory_live_before_is_not_counted() -> None:
+    w = torch.randn(512, 512)  # 1 MB that exists before
+
+    def step() -> None:
+        w.t()[1:].view(-1, 512)  # views of old memory: nothing new
+        w.mul_(2.0)  # in place: nothing new
+        w.add(1.0)  # 1 MB new, freed at once
+
+    assert measure_peak(step) == MB
+
+
+def test_the_context_manager_reports_peak_and_what_stays_live() -> None:
+    keep: list[torch.Tensor] = []
+    with MemoryTracker() as t:
+        keep.append(torch.ones(MB // 4))  # 1 MB kept
+        tmp = torch.ones(MB // 2)  # 2 MB temporary
+        del tmp
+    assert t.peak == 3 * MB
+    assert t.current == MB
+    assert t.device == "cpu"
+
+
+def test_a_training_step_counts_saved_activations_and_gradients() -> None:
+    torch.manual_seed(0)
+    batch, width, depth = 64, 256, 4
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)])
+    x = torch.randn(batch, width)
+    act = batch * width * 4  # one activation: 64 KB
+    params = sum(p.numel() * 4 for p in model.parameters())
+
+    def step() -> None:
+        model(x).sum().backward()
+
+    peak = measure_peak(step)
+    # When the first layer's weight gradient is made, every gradient is live and so is the
+    # gradient flowing into that layer (one activation); the 4 ReLU outputs saved by the forward
+    # are all live at its end.
+    assert peak >= params + act
+    assert peak >= depth * act
+    # Everything the step could hold at once: every gradient and two tensors per layer.
+    assert peak <= params + 2 * depth * act
+
+    # With gradients allocated, backward accumulates into them: one new weight gradient at a
+    # time (it exists before being added), far less than all of them again.
+    second = measure_peak(step)
+    assert width * width * 4 <= second < peak
+
+
+def test_gradients_computed_in_backward_are_seen() -> None:
+    w = torch.randn(1024, 256, requires_grad=True)  # 1 MB parameter
+    x = torch.randn(8, 1024)
+    loss = (x @ w).square().sum()
+    peak = measure_peak(loss.backward)
+    assert w.grad is not None
+    assert peak >= w.numel() * 4  # the new gradient is counted
+    assert peak <= w.numel() * 4 + 64 * 1024  # plus small temporaries only
+
+
+def test_exceptions_propagate_and_leave_no_mode_active() -> None:
+    def boom() -> None:
+        torch.zeros(10)
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        measure_peak(boom)
+    # A mode left on the stack would count this allocation into a dead tracker; instead a fresh
+    # measurement sees exactly its own bytes.
+    assert measure_peak(lambda: torch.zeros(MB // 4)) == MB
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_peak_uses_the_allocator_statistics() -> None:
+    def step() -> None:
+        a = torch.empty(4 * MB, dtype=torch.uint8, device="cuda")
+        b = torch.empty(2 * MB, dtype=torch.uint8, device="cuda")
+        del a, b
+
+    with MemoryTracker() as t:
+        step()
+    assert t.device == "cuda"
+    assert t.peak == 6 * MB
