@@ -56,6 +56,10 @@ STRATEGIES: dict[str, tuple[str, str]] = {
     "dtr-local": ("solvers.strategies.dtr:dtr_local", "DTR with h_local = cost / (size x staleness)"),
     "dtr-lru": ("solvers.strategies.dtr:dtr_lru", "DTR evicting the least recently used value"),
     "dtr-size": ("solvers.strategies.dtr:dtr_size", "DTR evicting the largest value"),
+    "coop": (
+        "solvers.strategies.coop:coop",
+        "Coop (Zhang et al. 2023): DTR evicting the cheapest contiguous window of an address-ordered pool",
+    ),
     "cpsat": (
         "solvers.strategies.cpsat:solve_cpsat",
         "Moccasin (Bartan et al. 2023): retention intervals, cumulative memory, OR-Tools CP-SAT",
