@@ -16,21 +16,19 @@ from __future__ import annotations
 
 import csv
 import functools
-import inspect
 import io
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
-import numpy as np
 
+from checkmate import cli_report as report
 from solvers.budget import format_bytes, parse_budget
 from solvers.errors import CheckmateError, InfeasibleBudgetError
-from solvers.result import SolveProgress, SolveResult, Status
+from solvers.result import Status
 
 __all__ = ["main", "cli", "EXIT_OK", "EXIT_NO_PLAN", "EXIT_USAGE", "EXIT_BUG"]
 
@@ -116,155 +114,6 @@ def _check_strategy(name: str) -> None:
     get_strategy(name)  # raises CheckmateError naming the known strategies
 
 
-# ---------------------------------------------------------------- live progress
-class _Progress:
-    """Shows solver progress on stderr: a live line in a terminal, sparse lines otherwise."""
-
-    def __init__(self, total_cost: float, quiet: bool) -> None:
-        from rich.console import Console
-
-        self.total = total_cost
-        self.quiet = quiet
-        self.console = Console(file=sys.stderr, highlight=False)
-        self.live: Any = None
-        self.last = -1e9
-
-    def __enter__(self) -> _Progress:
-        if not self.quiet and self.console.is_terminal:
-            from rich.live import Live
-
-            self.live = Live("", console=self.console, transient=True, refresh_per_second=4)
-            self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.live is not None:
-            self.live.__exit__(None, None, None)
-
-    def __call__(self, p: SolveProgress) -> None:
-        if self.quiet:
-            return
-        line = self.format(p)
-        if self.live is not None:
-            from rich.text import Text
-
-            self.live.update(Text(line, no_wrap=True, overflow="ellipsis"))
-        elif p.elapsed - self.last >= 1.0:  # a log, not a flood, when not on a terminal
-            self.last = p.elapsed
-            self.console.print(line, markup=False, soft_wrap=True)
-
-    def format(self, p: SolveProgress) -> str:
-        def ratio(x: float | None) -> str:
-            return "-" if x is None or not self.total else f"{x / self.total:.4f}x"
-
-        gap = "-" if p.gap is None else f"{p.gap:.2%}"
-        return (
-            f"{p.strategy}: {p.elapsed:7.1f}s  incumbent {ratio(p.incumbent)}  "
-            f"bound {ratio(p.bound)}  gap {gap}  {p.message}"
-        )
-
-
-def _accepts_progress(strategy: str) -> bool:
-    from solvers.strategies import get_strategy
-
-    params = inspect.signature(get_strategy(strategy)).parameters
-    return "progress" in params and params["progress"].kind is not inspect.Parameter.VAR_KEYWORD
-
-
-# ---------------------------------------------------------------- formatting
-def _bytes(n: int | None, ref: int | None = None) -> str:
-    if n is None:
-        return "-"
-    text = f"{format_bytes(n)} ({n:,} B)"
-    return text + (f", {n / ref:.1%} of keep-all" if ref else "")
-
-
-def _num(x: float | None, fmt: str = ".6g") -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def _summary(doc: dict[str, Any]) -> list[tuple[str, str]]:
-    """Key-value lines describing a plan document (or a result turned into one)."""
-    total = doc.get("total_cost")
-    cost = doc.get("cost")
-    lb = doc.get("lower_bound")
-    ref = doc.get("reference_peak")
-    budget = doc.get("budget_bytes")
-    peak = doc.get("peak_memory")
-    rows = [("strategy", str(doc.get("strategy"))), ("status", str(doc.get("status")))]
-    if doc.get("info", {}).get("chosen"):
-        rows[0] = ("strategy", f"{doc['strategy']} (chose {doc['info']['chosen']})")
-    rows.append(("budget", _bytes(budget, ref)))
-    if cost is not None and total:
-        rows.append(("cost", f"{_num(cost)} = {cost / total:.4f}x no recompute ({_num(total)})"))
-    else:
-        rows.append(("cost", _num(cost)))
-    if lb is not None:
-        gap = f", gap {cost / lb - 1:.2%}" if cost is not None and lb > 0 else ""
-        ratio = f" = {lb / total:.4f}x" if total else ""
-        rows.append(("lower bound", f"{_num(lb)}{ratio}{gap}"))
-    else:
-        rows.append(("lower bound", "-"))
-    if peak is not None and budget:
-        rows.append(("peak", f"{_bytes(peak)}, {peak / budget:.1%} of budget"))
-    if doc.get("recomputes") is not None:
-        rows.append(("recomputes", str(doc["recomputes"])))
-    rows.append(
-        (
-            "time",
-            f"build {_num(doc.get('build_seconds'), '.2f')} s, solve {_num(doc.get('solve_seconds'), '.2f')} s",
-        )
-    )
-    return rows
-
-
-_KEY_WIDTH = 12
-
-
-def _kv(key: str, value: str) -> None:
-    click.echo(f"{key.ljust(_KEY_WIDTH)} {value}")
-
-
-def _echo_rows(rows: Sequence[tuple[str, str]]) -> None:
-    for k, v in rows:
-        _kv(k, v)
-
-
-def _result_doc(graph: Any, res: SolveResult) -> dict[str, Any]:
-    """A plan-like document for a result (with or without a schedule)."""
-    from solvers.plan import plan_to_dict
-
-    if res.schedule is not None:
-        return plan_to_dict(graph, res)
-    return {
-        "strategy": res.strategy,
-        "status": str(res.status),
-        "budget_bytes": res.budget,
-        "cost": res.cost,
-        "lower_bound": res.lower_bound,
-        "peak_memory": res.peak,
-        "solve_seconds": res.solve_seconds,
-        "build_seconds": res.build_seconds,
-        "total_cost": graph.total_cost,
-        "reference_peak": res.info.get("reference"),
-        "info": dict(res.info),
-    }
-
-
-def _table(title: str | None, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left", box=None, header_style="bold", pad_edge=False)
-    for i, h in enumerate(header):
-        table.add_column(h, justify="left" if i == 0 else "right")
-    for r in rows:
-        table.add_row(*r)
-    buf = io.StringIO()
-    Console(file=buf, width=max(100, 12 * len(header)), highlight=False, no_color=True).print(table)
-    click.echo(buf.getvalue().rstrip("\n"))
-
-
 # ---------------------------------------------------------------- the commands
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="checkmate-remat", prog_name="checkmate")
@@ -298,26 +147,26 @@ def solve(
 ) -> None:
     """Plan GRAPH (a saved graph JSON) under --budget and write the plan file."""
     from solvers.api import solve as solve_graph
-    from solvers.plan import plan_to_dict, write_plan
+    from solvers.plan import write_plan
 
     parse_budget(budget)
     _check_strategy(strategy)
     out = Path(output)
     _check_writable(out)
     g = _load(graph)
-    _kv("graph", g.summary())
+    report.kv("graph", g.summary())
     start = time.perf_counter()
-    with _Progress(g.total_cost, quiet) as progress:
-        opts: dict[str, Any] = {"progress": progress} if _accepts_progress(strategy) else {}
+    with report.Progress(g.total_cost, quiet) as progress:
+        opts: dict[str, Any] = {"progress": progress} if report.accepts_progress(strategy) else {}
         res = solve_graph(g, budget, strategy, time_limit=time_limit, **opts)
     wall = time.perf_counter() - start
-    doc = _result_doc(g, res)
-    _echo_rows([*_summary(doc), ("wall", f"{wall:.2f} s")])
+    doc = report.result_doc(g, res)
+    report.echo_rows([*report.summary_rows(doc), ("wall", f"{wall:.2f} s")])
     if not res.ok:
         why = "time limit reached without a schedule" if res.status == Status.NO_SOLUTION else str(res.status)
         raise _NoPlan(f"no plan: {res.strategy} found no schedule within the budget ({why}); nothing written")
-    write_plan(out, plan_to_dict(g, res))
-    _kv("plan", f"{out} ({len(doc['schedule'])} steps)")
+    write_plan(out, doc)
+    report.kv("plan", f"{out} ({len(doc['schedule'])} steps)")
 
 
 @cli.command()
@@ -348,72 +197,22 @@ def show(plan: str, graph_path: str | None, top: int, debug: bool) -> None:
 
     g = _load(graph_path) if graph_path else None
     doc = read_plan_document(plan)
-    click.echo(
-        f"plan        {plan} (format v{doc.get('version')}, checkmate {doc.get('library_version', '?')})"
-    )
+    report.kv("plan", f"{plan} (format v{doc.get('version')}, checkmate {doc.get('library_version', '?')})")
     if doc.get("graph_name") or doc.get("n_nodes"):
-        _kv("graph", f"{doc.get('graph_name') or '?'} ({doc.get('n_nodes', '?')} nodes)")
-    _echo_rows(_summary(doc))
+        report.kv("graph", f"{doc.get('graph_name') or '?'} ({doc.get('n_nodes', '?')} nodes)")
+    report.echo_rows(report.summary_rows(doc))
     if g is not None:
         p = read_plan(plan, g)
         sim = validate(g, p.schedule, int(doc["budget_bytes"]))
-        _kv("replay", f"valid; peak {_bytes(sim.peak)}, cost {_num(sim.cost)}")
-        frag = _fragmentation(g, p.schedule)
+        report.kv("replay", f"valid; peak {report.fmt_bytes(sim.peak)}, cost {report.num(sim.cost)}")
+        frag = report.fragmentation(g, p.schedule)
         if frag:
-            _kv("memory", frag)
-    rows = _recomputed(doc, g, top)
+            report.kv("memory", frag)
+    rows = report.recomputed_rows(doc, g, top)
     if rows:
-        _table(f"top {len(rows)} recomputed ops", ["op", "computes", "extra cost"], rows)
+        report.table(f"top {len(rows)} recomputed ops", ["op", "computes", "extra cost"], rows)
     else:
         click.echo("no op is recomputed")
-
-
-def _recomputed(doc: dict[str, Any], graph: Any, top: int) -> list[list[str]]:
-    counts: dict[Any, int] = {}
-    names: dict[Any, str] = {}
-    if isinstance(doc.get("decisions"), list):
-        for d in doc["decisions"]:
-            counts[d["id"]] = int(d["computes"])
-            names[d["id"]] = str(d.get("name", d["id"]))
-    else:
-        for op, node in doc["schedule"]:
-            if op == "compute":
-                counts[node] = counts.get(node, 0) + 1
-    extra: dict[Any, float | None] = {}
-    for k, c in counts.items():
-        cost = graph.nodes[graph.index_of(k)].cost if graph is not None else None
-        extra[k] = None if cost is None else (c - 1) * cost
-    again = [k for k, c in counts.items() if c > 1]
-    again.sort(key=lambda k: (-(extra[k] or 0.0), -counts[k]))
-    return [[f"{names.get(k, k)}", str(counts[k]), _num(extra[k])] for k in again[:top]]
-
-
-def _fragmentation(graph: Any, schedule: Any) -> str:
-    """The pool's fragmentation beside the peak, when ``solvers.pool`` is available."""
-    try:
-        from solvers.pool import pool_stats  # type: ignore[import-not-found]
-    except ImportError:
-        return ""
-    try:
-        stats = pool_stats(graph, schedule)
-    except Exception as exc:  # optional figure: never fail `show` because of it
-        return f"pool statistics unavailable ({exc})"
-    fields: dict[str, Any]
-    if hasattr(stats, "__dataclass_fields__"):
-        fields = {k: getattr(stats, k) for k in stats.__dataclass_fields__}
-    elif isinstance(stats, dict):
-        fields = dict(stats)
-    else:
-        return str(stats)
-    return ", ".join(f"{k} {_fmt_stat(k, v)}" for k, v in fields.items()) or str(stats)
-
-
-def _fmt_stat(key: str, value: Any) -> str:
-    if isinstance(value, (int, np.integer)) and ("byte" in key or "peak" in key or "size" in key):
-        return format_bytes(int(value))
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 @cli.command()
@@ -429,31 +228,21 @@ def compare(plans: tuple[str, ...], debug: bool) -> None:
         ("strategy", lambda d: str(d.get("strategy"))),
         ("status", lambda d: str(d.get("status"))),
         ("budget", lambda d: format_bytes(d["budget_bytes"])),
-        ("cost", lambda d: _num(d.get("cost"))),
-        ("overhead", lambda d: _ratio(d.get("cost"), d.get("total_cost"), "x")),
-        ("lower bound", lambda d: _num(d.get("lower_bound"))),
-        ("gap", lambda d: _gap(d.get("cost"), d.get("lower_bound"))),
+        ("cost", lambda d: report.num(d.get("cost"))),
+        ("overhead", lambda d: report.ratio(d.get("cost"), d.get("total_cost"), "x")),
+        ("lower bound", lambda d: report.num(d.get("lower_bound"))),
+        ("gap", lambda d: report.gap(d.get("cost"), d.get("lower_bound"))),
         ("peak", lambda d: "-" if d.get("peak_memory") is None else format_bytes(d["peak_memory"])),
-        ("peak/budget", lambda d: _ratio(d.get("peak_memory"), d.get("budget_bytes"), "%")),
+        ("peak/budget", lambda d: report.ratio(d.get("peak_memory"), d.get("budget_bytes"), "%")),
         ("recomputes", lambda d: str(d.get("recomputes", "-"))),
         ("steps", lambda d: str(len(d["schedule"]))),
-        ("solve s", lambda d: _num(d.get("solve_seconds"), ".2f")),
+        ("solve s", lambda d: report.num(d.get("solve_seconds"), ".2f")),
         ("graph", lambda d: str(d.get("graph_fingerprint", "?"))[:12]),
     ]
     header = ["", *[Path(p).name for p in plans]]
-    _table(None, header, [[name, *[f(d) for d in docs]] for name, f in fields])
+    report.table(None, header, [[name, *[f(d) for d in docs]] for name, f in fields])
     if len({d.get("graph_fingerprint") for d in docs}) > 1:
         click.echo("note: the plans were made for different graphs")
-
-
-def _ratio(a: float | None, b: float | None, unit: str) -> str:
-    if a is None or not b:
-        return "-"
-    return f"{a / b:.4f}x" if unit == "x" else f"{a / b:.1%}"
-
-
-def _gap(cost: float | None, lb: float | None) -> str:
-    return "-" if cost is None or not lb else f"{cost / lb - 1:.2%}"
 
 
 @cli.command()
@@ -493,22 +282,24 @@ def sweep(
         if path:
             _check_writable(Path(path))
     g = _load(graph)
-    _kv("graph", g.summary())
-    rows = [_sweep_point(g, name, spec, time_limit, quiet) for name in names for spec in specs]
+    report.kv("graph", g.summary())
+    rows = [report.sweep_point(g, name, spec, time_limit, quiet) for name in names for spec in specs]
     table = [
         [
             r["strategy"],
             r["budget"],
             f"{r['budget_fraction']:.3f}",
             r["status"],
-            _num(r["overhead"], ".4f"),
-            _gap(r["cost"], r["lower_bound"]),
+            report.num(r["overhead"], ".4f"),
+            report.gap(r["cost"], r["lower_bound"]),
             "-" if r["peak"] is None else format_bytes(r["peak"]),
             f"{r['seconds']:.2f}",
         ]
         for r in rows
     ]
-    _table(None, ["strategy", "budget", "fraction", "status", "overhead", "gap", "peak", "seconds"], table)
+    report.table(
+        None, ["strategy", "budget", "fraction", "status", "overhead", "gap", "peak", "seconds"], table
+    )
     if output:
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
@@ -517,51 +308,12 @@ def sweep(
         from solvers.plan import atomic_write_text
 
         atomic_write_text(Path(output), buf.getvalue())
-        _kv("table", output)
+        report.kv("table", output)
     if plot_path:
         from checkmate.plot import pareto_figure
 
         pareto_figure(rows, plot_path, title=f"{g.name}: overhead against budget")
-        _kv("plot", plot_path)
-
-
-def _sweep_point(g: Any, strategy: str, spec: str, time_limit: float | None, quiet: bool) -> dict[str, Any]:
-    """One (strategy, budget) solve; infeasible budgets and solver failures become rows."""
-    from solvers.api import resolve_budget
-    from solvers.api import solve as solve_graph
-
-    nbytes, ref = resolve_budget(g, spec)
-    row: dict[str, Any] = {
-        "strategy": strategy,
-        "budget": spec,
-        "budget_bytes": nbytes,
-        "budget_fraction": nbytes / ref if ref else float("nan"),
-        "status": "",
-        "cost": None,
-        "overhead": None,
-        "lower_bound": None,
-        "peak": None,
-        "seconds": 0.0,
-        "note": "",
-    }
-    start = time.perf_counter()
-    try:
-        res = solve_graph(g, nbytes, strategy, time_limit=time_limit)
-    except InfeasibleBudgetError as exc:
-        row.update(status=str(Status.INFEASIBLE), note=str(exc))
-    except CheckmateError as exc:
-        row.update(status="error", note=str(exc))
-    else:
-        row.update(status=str(res.status), lower_bound=res.lower_bound)
-        if res.ok and res.cost is not None:
-            row.update(
-                cost=res.cost, overhead=res.cost / g.total_cost if g.total_cost else None, peak=res.peak
-            )
-    row["seconds"] = time.perf_counter() - start
-    if not quiet:
-        over = "-" if row["overhead"] is None else f"{row['overhead']:.4f}x"
-        click.echo(f"  {strategy} @ {spec}: {row['status']} {over} ({row['seconds']:.1f} s)", err=True)
-    return row
+        report.kv("plot", plot_path)
 
 
 @cli.command()
@@ -589,7 +341,7 @@ def plot(plan: str, graph_path: str, output: str, debug: bool) -> None:
     doc = p.doc
     title = f"{doc.get('graph_name') or g.name}: {doc.get('strategy')} ({doc.get('status')}), budget {format_bytes(p.budget_bytes)}"
     plan_figure(g, p.schedule, p.budget_bytes, out, title=title)
-    _kv("plot", str(out))
+    report.kv("plot", str(out))
 
 
 @cli.command()
@@ -623,8 +375,8 @@ def trace(
     from solvers.io import save_graph
 
     save_graph(g, out)
-    _kv("graph", g.summary())
-    _kv("saved", str(out))
+    report.kv("graph", g.summary())
+    report.kv("saved", str(out))
 
 
 def _shape(text: str) -> tuple[int, ...]:
