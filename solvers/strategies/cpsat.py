@@ -94,7 +94,7 @@ def _computes_allowed(graph: Graph, max_computes: int, backward_once: bool) -> t
     caps[~graph.recomputable_mask] = 1
     fixed = graph.meta.get("fixed_once") if graph.meta else None
     if fixed is not None:
-        caps[np.asarray(fixed, dtype=bool)] = 1
+        caps[np.asarray(fixed, dtype=np.int64)] = 1  # ids (solvers.reduce)
         notes.append("nodes in graph.meta['fixed_once'] computed once")
     if backward_once:
         caps[graph.backward_mask] = 1
