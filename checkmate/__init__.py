@@ -8,6 +8,8 @@ training step fits the budget with gradients equal to eager PyTorch.
 
 from __future__ import annotations
 
+from typing import Any
+
 from solvers import __version__
 from solvers.errors import (
     BudgetError,
@@ -30,4 +32,18 @@ __all__ = [
     "SolverError",
     "TraceError",
     "__version__",
+    "optimize",
+    "plans_of",
 ]
+
+#: torch-dependent names, imported on first use so that ``import checkmate`` (and the
+#: CLI's torch-free ``solve``) never imports torch
+_LAZY = {"optimize": "checkmate.api", "plans_of": "checkmate.api"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'checkmate' has no attribute {name!r}")

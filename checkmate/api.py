@@ -1,0 +1,200 @@
+"""``checkmate.optimize(model, budget)``: the one-line front door.
+
+The returned module is a drop-in for ``model``: a shallow copy of it (same class, via a
+thin subclass) that shares its parameters, buffers, submodules and hooks, so
+``state_dict()`` keys, optimizers, ``train()``/``eval()`` and gradient accumulation work
+as before. Only its ``forward`` differs, and only in training with gradients enabled: the
+step then goes through ``torch.compile`` with :class:`checkmate.runtime.Planner` as the
+backend, one plan per captured graph and per input signature (new shapes plan again).
+
+Evaluation (``eval()`` or ``torch.no_grad()``) runs the original forward. So does a
+training step whose plans recompute nothing (a budget at or above the no-remat peak): the
+plan then equals what eager PyTorch does, and running eager avoids the compiled path's own
+overhead.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from checkmate.runtime import Planner, PlanRecord
+from solvers.errors import CheckmateError, TraceError
+
+__all__ = ["optimize", "plans_of", "CheckmateState"]
+
+_STATE = "_checkmate_state"
+_SUBCLASSES: dict[type, type] = {}
+
+
+@dataclass
+class CheckmateState:
+    """What an optimized module carries besides the original's state.
+
+    Attributes:
+        planner: the backend; its ``records`` hold one plan per compiled graph.
+        eager: the original forward, bound to the optimized module.
+        compiled: ``eager`` under torch.compile with the planner.
+        eager_keys: input signature -> True when its plans recompute nothing.
+    """
+
+    planner: Planner
+    eager: Callable[..., Any]
+    compiled: Callable[..., Any]
+    eager_keys: dict[tuple[Any, ...], bool] = field(default_factory=dict)
+
+
+def optimize(
+    model: nn.Module,
+    budget: object,
+    example_inputs: tuple[Any, ...] | None = None,
+    *,
+    strategy: str = "auto",
+    profile: str | None = None,
+    time_limit: float | None = 30.0,
+    plan: str | None = None,
+    options: dict[str, Any] | None = None,
+    fullgraph: bool = False,
+) -> nn.Module:
+    """Return ``model`` training within ``budget``, with the same gradients.
+
+    Args:
+        model: the module to optimize (left unchanged; the result shares its parameters).
+        budget: bytes (``int``, ``"12GB"``) or a fraction of each graph's simulated peak
+            without rematerialization (``0.5``, ``"50%"``); applied to every captured graph.
+        example_inputs: positional arguments of one training step, to plan now; without
+            them the first training call plans.
+        strategy: a strategy name from ``solvers.strategies.STRATEGIES`` (default ``auto``).
+        profile: None to time each op on the model's device, or a device profile name or
+            path (``"h100"``, ``"cpu"``) to plan with estimated costs.
+        time_limit: seconds per graph for searching strategies.
+        plan: a plan file to use instead of the plan cache.
+        options: strategy options.
+        fullgraph: require one graph (a graph break raises :class:`TraceError`).
+
+    Returns:
+        A module of the same class sharing ``model``'s parameters and buffers.
+
+    Raises:
+        InfeasibleBudgetError: the budget is below what any plan needs (with the minimum).
+        TraceError: the model could not be traced (names the construct).
+        SolverError: the strategy found no plan within the budget and time limit.
+
+    Example:
+        >>> model = checkmate.optimize(model, 0.5)  # doctest: +SKIP
+        >>> loss = model(x).sum(); loss.backward()  # doctest: +SKIP
+    """
+    planner = Planner(
+        budget, strategy, profile=profile, time_limit=time_limit, options=dict(options or {}), plan_path=plan
+    )
+    new = copy.copy(model)
+    new.__class__ = _subclass(type(model))
+    eager = type(model).forward.__get__(new)
+    compiled = torch.compile(eager, backend=planner.backend(), dynamic=False, fullgraph=fullgraph)
+    new.__dict__[_STATE] = CheckmateState(planner=planner, eager=eager, compiled=compiled)
+    if example_inputs is not None:
+        with _untouched(new), torch.enable_grad():
+            was = new.training
+            new.train()
+            try:
+                _compiled_call(new.__dict__[_STATE], tuple(example_inputs), {})
+            finally:
+                new.train(was)
+    return new
+
+
+def plans_of(module: nn.Module) -> list[PlanRecord]:
+    """The plans made so far for an optimized module, one per compiled graph."""
+    state = module.__dict__.get(_STATE)
+    if state is None:
+        raise CheckmateError("this module was not returned by checkmate.optimize")
+    return list(state.planner.records)
+
+
+def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    state: CheckmateState = self.__dict__[_STATE]
+    if not (self.training and torch.is_grad_enabled()):
+        return state.eager(*args, **kwargs)
+    key = _signature(args, kwargs)
+    if state.eager_keys.get(key, False):
+        return state.eager(*args, **kwargs)
+    before = len(state.planner.records)
+    out = _compiled_call(state, args, kwargs)
+    if key not in state.eager_keys:
+        fresh = state.planner.records[before:]
+        state.eager_keys[key] = bool(fresh) and all(r.recomputes == 0 for r in fresh)
+    return out
+
+
+def _compiled_call(state: CheckmateState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    try:
+        return state.compiled(*args, **kwargs)
+    except torch._dynamo.exc.BackendCompilerFailed as exc:
+        inner = exc.inner_exception
+        if isinstance(inner, CheckmateError):
+            raise inner.with_traceback(None) from None
+        raise TraceError(
+            f"the joint graph could not be planned: {type(inner).__name__}: {inner}; "
+            "report it with the model, or run the model without checkmate"
+        ) from inner
+    except torch._dynamo.exc.Unsupported as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TraceError(
+            f"torch.compile cannot capture the model in one graph: {first}; rewrite that "
+            "construct (data-dependent Python control flow, .item(), prints) or pass "
+            "fullgraph=False to plan each captured piece separately"
+        ) from exc
+
+
+def _subclass(cls: type) -> type:
+    """``cls`` with checkmate's forward; one subclass per class."""
+    sub = _SUBCLASSES.get(cls)
+    if sub is None:
+        sub = type(cls.__name__, (cls,), {"forward": _forward, "__module__": cls.__module__})
+        sub.__qualname__ = cls.__qualname__
+        _SUBCLASSES[cls] = sub
+    return sub
+
+
+def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """A hashable key of what makes torch.compile specialize: tensor shapes, dtypes,
+    devices and requires_grad; other arguments by value (or type when unhashable)."""
+    flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+    parts: list[Any] = [str(spec)]
+    for x in flat:
+        if isinstance(x, torch.Tensor):
+            parts.append((tuple(x.shape), x.dtype, x.device, x.requires_grad))
+        else:
+            try:
+                hash(x)
+                parts.append(x)
+            except TypeError:
+                parts.append(type(x))
+    return tuple(parts)
+
+
+@contextmanager
+def _untouched(module: nn.Module) -> Iterator[None]:
+    """Restore buffers and RNG states after a planning call (it must not change state)."""
+    buffers = {k: b.detach().clone() for k, b in module.named_buffers()}
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    py_rng = random.getstate()
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for k, b in module.named_buffers():
+                if k in buffers:
+                    b.copy_(buffers[k])
+        torch.set_rng_state(cpu_rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        random.setstate(py_rng)

@@ -1,0 +1,228 @@
+"""Schedule -> forward and backward fx GraphModules that execute it.
+
+The schedule's compute steps are split at its first backward compute. The forward module
+replays the steps before it (a recompute is a second copy of the node); it returns the
+forward outputs and then every value the backward reads from it (the checkpoints the plan
+keeps across the boundary). The backward module takes those saved values and the tangents
+and replays the remaining steps in the plan's order, recomputes included.
+
+Memory follows the plan because fx's Python codegen drops each local right after its last
+use (``x = None``), and both modules use the boxed calling convention (they clear their
+argument list), so a saved value dies at its last read in the backward, not at the end.
+A view or ``getitem`` is recreated on demand from the current copy of its base: it costs
+nothing and allocates nothing.
+
+The layout is the one AOTAutograd's partitioners produce: forward ``(primals...) ->
+(*forward_outputs, *saved)``, backward ``(*saved, *tangents) -> (*gradients)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from torch.fx.graph import _BoxedCodeGen
+
+from checkmate.trace import JointGraph
+from solvers.errors import PlanError, TraceError
+from solvers.schedule import Schedule
+
+__all__ = ["SplitModules", "generate", "split_point"]
+
+
+@dataclass(frozen=True)
+class SplitModules:
+    """The generated step.
+
+    Attributes:
+        forward: ``(primals...) -> (*forward_outputs, *saved)``.
+        backward: ``(*saved, *tangents) -> (*gradients)``.
+        saved: names of the joint-graph values passed from forward to backward.
+        recomputes: compute steps beyond the first of each node.
+    """
+
+    forward: fx.GraphModule
+    backward: fx.GraphModule
+    saved: tuple[str, ...]
+    recomputes: int
+
+
+def split_point(jg: JointGraph, schedule: Schedule) -> int:
+    """Index into ``schedule.computes`` of its first backward compute.
+
+    Raises:
+        PlanError: a node that must run in the forward (an output, a random op, a mutation)
+            is first computed after it, or random ops are reordered.
+    """
+    computes = schedule.computes
+    bwd = jg.graph.backward_mask
+    split = next((k for k, i in enumerate(computes) if bwd[i]), len(computes))
+    head = computes[:split]
+    missing = jg.forward_required - set(head)
+    if missing:
+        node = jg.graph.nodes[min(missing)]
+        raise PlanError(
+            f"the plan computes {node.name!r} ({node.op}) after the backward has started; "
+            "outputs, random ops and mutations must run in the forward. Re-plan with another "
+            "strategy or report this plan"
+        )
+    rand = [i for i in head if not jg.graph.nodes[i].recomputable]
+    if rand != sorted(rand):
+        raise PlanError(
+            "the plan reorders ops that may not be recomputed (random ops draw in a different "
+            "order than in eager mode); re-plan with another strategy"
+        )
+    return split
+
+
+class _Emitter:
+    """Copies joint-graph nodes into ``graph``, one generation of each value at a time."""
+
+    def __init__(
+        self,
+        jg: JointGraph,
+        by_name: dict[str, fx.Node],
+        graph: fx.Graph,
+        env: dict[fx.Node, fx.Node],
+        load: Callable[[fx.Node], fx.Node] | None,
+    ) -> None:
+        self.jg = jg
+        self.by_name = by_name
+        self.graph = graph
+        self.env = env
+        self.load = load  # backward: fetch a value computed in the forward
+        self.computed: set[int] = set()
+        self.group_nodes: dict[int, list[fx.Node]] = {}
+        for name, g in jg.group.items():
+            self.group_nodes.setdefault(g, []).append(by_name[name])
+
+    def compute(self, i: int) -> None:
+        """Emit graph node ``i`` (a fresh copy: earlier copies' views become stale)."""
+        owner = self.by_name[self.jg.members[i][0]]
+        self.computed.add(i)
+        if owner.op == "placeholder":  # a tangent: an input of the backward module
+            return
+        for x in self.group_nodes.get(i, ()):
+            self.env.pop(x, None)
+        self.env[owner] = self.graph.node_copy(owner, self.get)
+
+    def get(self, n: fx.Node) -> fx.Node:
+        """The current copy of joint node ``n``, recreating views on demand."""
+        v = self.env.get(n)
+        if v is not None:
+            return v
+        g = self.jg.group.get(n.name)
+        if n.op == "placeholder":
+            if self.load is None:
+                raise AssertionError(f"placeholder {n.name} missing from the forward")
+            v = self.load(n)
+        elif (
+            self.load is not None
+            and g is not None
+            and g not in self.computed
+            and isinstance(n.meta.get("val"), torch.Tensor)
+        ):
+            v = self.load(n)
+        else:
+            if g is not None and self.jg.members[g][0] == n.name:
+                raise AssertionError(f"the plan reads {n.name}, which is not resident")
+            v = self.graph.node_copy(n, self.get)
+        self.env[n] = v
+        return v
+
+
+def generate(gm: fx.GraphModule, jg: JointGraph, schedule: Schedule) -> SplitModules:
+    """Build the forward and backward modules that execute ``schedule``.
+
+    Args:
+        gm: the joint graph ``jg`` was built from.
+        jg: its model (see :func:`checkmate.trace.build_graph`).
+        schedule: a schedule the simulator validated on ``jg.graph``.
+
+    Returns:
+        The two modules and what passes between them.
+
+    Raises:
+        PlanError: the schedule cannot be split into a forward and a backward.
+        TraceError: the joint graph has inputs other than primals and tangents.
+    """
+    by_name = {n.name: n for n in gm.graph.nodes}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    primals = [p for p in placeholders if p.name.startswith("primals")]
+    tangents = [p for p in placeholders if p.name.startswith("tangents")]
+    if len(primals) + len(tangents) != len(placeholders):
+        odd = [p.name for p in placeholders if p not in primals and p not in tangents]
+        raise TraceError(
+            f"the joint graph has inputs {odd} that are neither primals nor tangents "
+            "(functionalized RNG or backward state?); checkmate does not handle them: "
+            "leave torch._functorch.config.functionalize_rng_ops off"
+        )
+    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    outputs = list(out_node.args[0])  # type: ignore[arg-type]
+    computes = schedule.computes
+    split = split_point(jg, schedule)
+    sink = jg.sink
+
+    # forward
+    fw = fx.Graph()
+    fenv: dict[fx.Node, fx.Node] = {}
+    for p in primals:
+        fenv[p] = fw.placeholder(p.name)
+        fenv[p].meta = dict(p.meta)
+    femit = _Emitter(jg, by_name, fw, fenv, load=None)
+    for i in computes[:split]:
+        femit.compute(i)
+    fw_outs = [femit.get(o) if isinstance(o, fx.Node) else o for o in outputs[: jg.num_fwd_outputs]]
+
+    # backward: values from the forward become placeholders ahead of the tangents
+    bw = fx.Graph()
+    benv: dict[fx.Node, fx.Node] = {}
+    tangent_phs = []
+    for t in tangents:
+        benv[t] = bw.placeholder(t.name)
+        benv[t].meta = dict(t.meta)
+        tangent_phs.append(benv[t])
+    saved: list[fx.Node] = []
+    saved_phs: list[fx.Node] = []
+
+    def load(n: fx.Node) -> fx.Node:
+        if saved_phs:
+            ctx = bw.inserting_after(saved_phs[-1])
+        elif tangent_phs:
+            ctx = bw.inserting_before(tangent_phs[0])
+        else:
+            ctx = bw.inserting_before(next(iter(bw.nodes), None))  # type: ignore[arg-type]
+        with ctx:
+            ph = bw.placeholder(f"saved_{n.name}")
+        ph.meta = dict(n.meta)
+        saved.append(n)
+        saved_phs.append(ph)
+        return ph
+
+    bemit = _Emitter(jg, by_name, bw, benv, load=load)
+    for i in computes[split:]:
+        if i != sink:
+            bemit.compute(i)
+    bw_outs = [bemit.get(o) if isinstance(o, fx.Node) else o for o in outputs[jg.num_fwd_outputs :]]
+    bw.output(tuple(bw_outs))
+
+    fw.output(tuple(fw_outs + [femit.get(n) for n in saved]))
+    counts = schedule.compute_counts(jg.graph.n)
+    return SplitModules(
+        forward=_module(gm, fw),
+        backward=_module(gm, bw),
+        saved=tuple(n.name for n in saved),
+        recomputes=int((counts - 1).clip(min=0).sum()),
+    )
+
+
+def _module(root: fx.GraphModule, graph: fx.Graph) -> fx.GraphModule:
+    """A GraphModule with the boxed calling convention (it clears its argument list, so
+    each input can die at its last use)."""
+    graph.set_codegen(_BoxedCodeGen())
+    graph.lint()
+    mod = fx.GraphModule(root, graph)
+    assert mod._boxed_call  # GraphModule derives it from the codegen
+    return mod

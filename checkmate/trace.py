@@ -1,0 +1,246 @@
+"""Joint forward+backward fx graph -> :class:`solvers.Graph`, plus the way back.
+
+AOTAutograd hands the partitioner a functionalized joint graph: placeholders ``primals_*``
+(parameters, buffers, user inputs) and ``tangents_*`` (gradients of the outputs), then the
+forward ops, then the backward ops, and one output node listing the forward outputs
+(mutated buffers first) followed by the gradients of the primals.
+
+Modelling choices (the simulator's memory must match what the runtime allocates):
+
+- One graph node per op that allocates. Views and aliases (``view``, ``t``, ``expand``,
+  ``detach``, ``_unsafe_view``, ...) share their base's storage: they are folded into the node
+  that owns the base, so their bytes count once and a live view keeps its base alive. Views
+  of placeholders belong to no node: they are free and recreated wherever they are read.
+- A multi-output op (``native_layer_norm``, ``native_dropout``, ...) is one node holding
+  the bytes of all its outputs; its ``getitem`` nodes are folded into it like views. This
+  over-counts an output that dies before its siblings (dropout's output outlives nothing but
+  is counted as long as its mask): conservative, never under the real peak. Splitting the
+  outputs into separate nodes would let a plan keep the tuple resident and "recompute" an
+  output for free, which the runtime cannot honour.
+- Primals (parameters, buffers, inputs) are not nodes: always resident, outside the
+  budget. Tangents are: autograd allocates them when the backward starts; each is a
+  zero-cost, non-recomputable backward node listed before the backward ops.
+- Random ops and ops that mutate an input are not recomputable. Forward outputs are not
+  recomputable either: they are computed once in the forward and held by the caller.
+- A final zero-cost sink node reads every output (forward outputs and gradients), so the
+  simulator keeps them live until the step ends, as the caller does.
+- Backward nodes are the ops that depend on a tangent; node ids list every forward node
+  before every backward node (both in the fx order), so a schedule splits into a forward and
+  a backward part at its first backward compute.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from solvers.errors import TraceError
+from solvers.graph import Graph
+
+__all__ = ["JointGraph", "build_graph", "is_view_op", "SINK"]
+
+#: key of the sink node that reads every output of the step
+SINK = "__outputs__"
+
+#: ops that alias their first input although their schema does not say so
+_EXTRA_VIEWS = {
+    torch.ops.aten._unsafe_view.default,
+    torch.ops.aten.alias.default,
+    torch.ops.aten.detach.default,
+    torch.ops.aten.lift_fresh.default,
+}
+
+
+@dataclass(frozen=True)
+class JointGraph:
+    """The planner's view of one joint graph, with the mapping back to its fx nodes.
+
+    Attributes:
+        graph: the frozen graph the strategies plan (node keys are fx node names; the last
+            node is the sink :data:`SINK`).
+        group: fx node name -> graph node id owning its storage (views included; absent for
+            placeholders and views of placeholders).
+        members: per graph node, the fx node names it computes (its op; views and
+            ``getitem`` nodes are recreated on demand and not listed).
+        forward_required: graph node ids that must run in the forward (outputs, mutations).
+        num_fwd_outputs: how many of the joint graph's outputs belong to the forward.
+    """
+
+    graph: Graph
+    group: dict[str, int]
+    members: tuple[tuple[str, ...], ...]
+    forward_required: frozenset[int]
+    num_fwd_outputs: int
+
+    @property
+    def sink(self) -> int:
+        return self.graph.n - 1
+
+
+def is_view_op(node: fx.Node) -> bool:
+    """True when ``node`` returns an alias of its first tensor input (no new storage)."""
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if target in _EXTRA_VIEWS:
+        return True
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    info = schema.returns[0].alias_info
+    return info is not None and not info.is_write
+
+
+def _is_mutation(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and bool(schema.is_mutable)
+
+
+def _writes_input(node: fx.Node) -> bool:
+    """In-place ops return the input they wrote: they allocate nothing."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    info = schema.returns[0].alias_info
+    return info is not None and info.is_write
+
+
+def _is_random(node: fx.Node) -> bool:
+    tags = getattr(node.target, "tags", ())
+    return torch.Tag.nondeterministic_seeded in tags
+
+
+def _tensor_bytes(val: object) -> int:
+    """Bytes a traced value allocates: tensors (their storage) and tuples/lists of them."""
+    if isinstance(val, torch.Tensor):
+        try:
+            return int(val.untyped_storage().nbytes())
+        except Exception:  # fake tensors without a storage: fall back to numel
+            return int(val.numel()) * val.element_size()
+    if isinstance(val, (tuple, list)):
+        return sum(_tensor_bytes(v) for v in val)
+    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise TraceError(
+            "the joint graph has symbolic shapes; checkmate plans static shapes only: "
+            "compile with dynamic=False (checkmate.optimize does) and avoid mark_dynamic"
+        )
+    return 0
+
+
+def build_graph(
+    gm: fx.GraphModule,
+    num_fwd_outputs: int,
+    costs: Callable[[Sequence[fx.Node]], Sequence[float]],
+    *,
+    name: str = "",
+) -> JointGraph:
+    """Model the joint graph ``gm`` as a :class:`solvers.Graph`.
+
+    Args:
+        gm: the functionalized joint forward+backward graph from AOTAutograd.
+        num_fwd_outputs: how many leading outputs are forward outputs (the rest are
+            gradients), as the partitioner is told.
+        costs: seconds per fx node for a list of compute nodes (e.g. a profiler).
+        name: the graph's name.
+
+    Returns:
+        A :class:`JointGraph`.
+
+    Raises:
+        TraceError: the graph holds something checkmate cannot plan (symbolic shapes, an
+            op outside call_function, an output that is not a traced value).
+    """
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    tangents = {n for n in placeholders if n.name.startswith("tangents")}
+    out_node = next(n for n in reversed(nodes) if n.op == "output")
+    outputs = list(fx.node.map_arg(out_node.args[0], lambda x: x))  # type: ignore[arg-type]
+    flat_out = [o for o in outputs if isinstance(o, fx.Node)]
+    fwd_outputs = [o for o in outputs[:num_fwd_outputs] if isinstance(o, fx.Node)]
+
+    backward: set[fx.Node] = set(tangents)
+    base: dict[fx.Node, fx.Node | None] = {}  # fx node -> owner fx node (None: a placeholder's)
+    owners: list[fx.Node] = []
+    for n in nodes:
+        if n.op == "placeholder":
+            # a tangent is allocated by autograd when the backward starts and dies at its
+            # last read, like an op output: it is a (backward, fixed) node of its own
+            base[n] = n if n in tangents else None
+            if n in tangents:
+                owners.append(n)
+            continue
+        if n.op == "output":
+            continue
+        if n.op != "call_function":
+            raise TraceError(
+                f"joint graph node {n.name!r} is a {n.op!r} ({n.target}); checkmate handles "
+                "call_function nodes only: make the model traceable without it"
+            )
+        if any(a in backward for a in n.all_input_nodes):
+            backward.add(n)
+        first = n.args[0] if n.args else None
+        if (is_view_op(n) or n.target is operator.getitem) and isinstance(first, fx.Node):
+            # a view, or one output of a multi-output op: shares the owner's allocation
+            base[n] = base[first]
+        else:
+            base[n] = n
+            owners.append(n)
+
+    ordered = [o for o in owners if o not in backward] + [o for o in owners if o in backward]
+    gid = {o: i for i, o in enumerate(ordered)}
+    seconds = dict(zip(ordered, costs(ordered)))
+
+    preds: dict[fx.Node, set[int]] = {o: set() for o in ordered}
+    for n in nodes:
+        o = base.get(n)
+        if n.op != "call_function" or o is None:
+            continue
+        for a in n.all_input_nodes:
+            b = base.get(a)
+            if b is not None and b is not o:
+                preds[o].add(gid[b])
+
+    forward_required: set[int] = set()
+    held: set[int] = set()
+    for o in fwd_outputs:
+        b = base.get(o)
+        if b is not None:
+            held.add(gid[b])
+    for o in owners:
+        if o not in backward and (_is_mutation(o) or _is_random(o)):
+            forward_required.add(gid[o])
+    forward_required |= held
+
+    graph_nodes = []
+    for o in ordered:
+        fixed = o.op == "placeholder" or _is_mutation(o) or _is_random(o) or gid[o] in held
+        graph_nodes.append(
+            {
+                "key": o.name,
+                "name": o.name,
+                "cost": max(float(seconds.get(o, 0.0)), 0.0),
+                "mem": 0 if _writes_input(o) else _tensor_bytes(o.meta.get("val")),
+                "backward": o in backward,
+                "recomputable": not fixed,
+                "op": str(o.target),
+            }
+        )
+    sink_reads = {gid[b] for o in flat_out if (b := base.get(o)) is not None}
+    graph_nodes.append({"key": SINK, "name": SINK, "cost": 0.0, "mem": 0, "backward": True, "op": "output"})
+    edges = [(ordered[p].name, o.name) for o in ordered for p in sorted(preds[o])]
+    edges += [(ordered[i].name, SINK) for i in sorted(sink_reads)]
+    order = [o.name for o in ordered] + [SINK]
+    graph = Graph.build(graph_nodes, edges, name=name, order=order)
+    group = {n.name: gid[b] for n, b in base.items() if b is not None}
+    members = (*((o.name,) for o in ordered), ())
+    return JointGraph(
+        graph=graph,
+        group=group,
+        members=members,
+        forward_required=frozenset(forward_required),
+        num_fwd_outputs=num_fwd_outputs,
+    )
