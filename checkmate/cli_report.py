@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import click
-import numpy as np
 
 from solvers.budget import format_bytes
 from solvers.errors import CheckmateError, InfeasibleBudgetError
@@ -208,31 +207,27 @@ def recomputed_rows(doc: dict[str, Any], graph: Any, top: int) -> list[list[str]
 
 
 def fragmentation(graph: Any, schedule: Any) -> str:
-    """The pool's fragmentation beside the peak, when ``solvers.pool`` is available."""
+    """The memory pool's reserved peak and fragmentation beside the live peak.
+
+    Empty when ``solvers.pool`` is not available; never raises (an optional figure).
+    """
     try:
-        from solvers.pool import pool_stats  # type: ignore[import-not-found]
+        from solvers.pool import pool_stats
     except ImportError:
         return ""
     try:
-        stats = pool_stats(graph, schedule)
+        st = pool_stats(graph, schedule)
+        text = (
+            f"{st.policy} pool reserves {format_bytes(st.peak_reserved)} "
+            f"(+{st.overhead:.1%} over the live peak {format_bytes(st.peak_allocated)})"
+        )
+        if st.fragmentation:
+            text += f"; fragmentation {format_bytes(st.fragmentation)} at step {st.fragmentation_step}"
+        else:
+            text += "; no fragmentation"
+        return text
     except Exception as exc:  # optional figure: never fail `show` because of it
-        return f"pool statistics unavailable ({exc})"
-    fields: dict[str, Any]
-    if hasattr(stats, "__dataclass_fields__"):
-        fields = {k: getattr(stats, k) for k in stats.__dataclass_fields__}
-    elif isinstance(stats, dict):
-        fields = dict(stats)
-    else:
-        return str(stats)
-    return ", ".join(f"{k} {_fmt_stat(k, v)}" for k, v in fields.items()) or str(stats)
-
-
-def _fmt_stat(key: str, value: Any) -> str:
-    if isinstance(value, (int, np.integer)) and ("byte" in key or "peak" in key or "size" in key):
-        return format_bytes(int(value))
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+        return f"pool statistics unavailable ({type(exc).__name__}: {exc})"
 
 
 def ratio(a: float | None, b: float | None, unit: str) -> str:

@@ -201,6 +201,8 @@ def test_show_lists_recomputed_ops(graph_file: Path, tmp_path: Path) -> None:
     res = run("show", str(plan), "--graph", str(graph_file))
     assert res.exit_code == 0, res.output
     assert "replay" in res.stdout and "valid" in res.stdout
+    if importlib.util.find_spec("solvers.pool") is not None:
+        assert "pool reserves" in res.stdout and "unavailable" not in res.stdout
     for name in again[:10]:
         assert name in res.stdout
     bare = run("show", str(plan))  # without the graph: from the plan's own decisions
