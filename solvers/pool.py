@@ -20,6 +20,7 @@ keep cheap and expensive tensors at opposite ends.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from solvers.graph import Graph
@@ -218,7 +219,7 @@ class MemoryPool:
         raise KeyError(f"no block at address {addr}")
 
 
-def pool_stats(graph: Graph, schedule: Schedule | tuple[Step, ...], policy: str = "best-fit") -> PoolStats:
+def pool_stats(graph: Graph, schedule: Schedule | Sequence[Step], policy: str = "best-fit") -> PoolStats:
     """Replay ``schedule`` through a growing pool; report peak reserved bytes and
     fragmentation.
 
