@@ -365,18 +365,27 @@ def plot(plan: str, graph_path: str, output: str, debug: bool) -> None:
 def trace(
     factory: str, shapes: tuple[str, ...], profile: str | None, device: str, output: str, debug: bool
 ) -> None:
-    """Trace MODULE:FACTORY (a function returning a model, or (model, inputs)) into a graph."""
+    """Trace MODULE:FACTORY (a function returning a model, or (model, inputs)) into a graph.
+
+    The graph is captured as checkmate.optimize captures it (torch.compile, AOTAutograd) and
+    its op costs measured on --device or estimated from --profile. A model with graph breaks
+    gives one file per graph: GRAPH.0.json, GRAPH.1.json, ...
+    """
     out = Path(output)
     _check_writable(out)
     dims = [_shape(s) for s in shapes]
     from checkmate.cli_trace import trace_factory
 
-    g = trace_factory(factory, dims, profile, device)
+    graphs = trace_factory(factory, dims, profile, device)
     from solvers.io import save_graph
 
-    save_graph(g, out)
-    report.kv("graph", g.summary())
-    report.kv("saved", str(out))
+    paths = [out] if len(graphs) == 1 else [out.with_suffix(f".{k}{out.suffix}") for k in range(len(graphs))]
+    if len(graphs) > 1:
+        click.echo(f"note: the model has {len(graphs)} graphs (graph breaks); one file each", err=True)
+    for g, path in zip(graphs, paths):
+        save_graph(g, path)
+        report.kv("graph", g.summary())
+        report.kv("saved", str(path))
 
 
 def _shape(text: str) -> tuple[int, ...]:

@@ -1,15 +1,17 @@
 """``checkmate trace``: a model factory -> a profiled joint graph saved for offline planning.
 
 The only part of the command line that imports torch (lazily, from :mod:`checkmate.cli`).
-The joint forward+backward graph is captured the way PyTorch's own min-cut partitioner
-sees it: AOTAutograd hands ``partition_fn`` the functionalized joint graph and the number
-of forward outputs; that graph is modelled by :func:`checkmate.trace.build_graph` with op
-costs from :func:`checkmate.profile.profile_costs` (measured, or from a device profile).
+The joint forward+backward graphs are captured as ``checkmate.optimize`` captures them
+(``torch.compile`` with an AOTAutograd backend whose ``partition_fn`` sees each
+functionalized joint graph and its number of forward outputs); each is modelled by
+:func:`checkmate.trace.build_graph` with op costs from
+:func:`checkmate.profile.profile_costs` (measured, or from a device profile).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import sys
@@ -22,7 +24,7 @@ import torch
 from solvers.errors import CheckmateError, TraceError
 from solvers.graph import Graph
 
-__all__ = ["load_factory", "trace_factory", "capture_joint"]
+__all__ = ["capture_joint", "load_factory", "trace_factory"]
 
 
 def load_factory(spec: str) -> Callable[[], Any]:
@@ -55,29 +57,45 @@ def load_factory(spec: str) -> Callable[[], Any]:
     return fn  # type: ignore[no-any-return]
 
 
-def capture_joint(model: torch.nn.Module, inputs: Sequence[Any]) -> tuple[torch.fx.GraphModule, int]:
-    """The functionalized joint graph of one training step and its number of forward outputs.
+def capture_joint(model: torch.nn.Module, inputs: Sequence[Any]) -> list[tuple[torch.fx.GraphModule, int]]:
+    """The functionalized joint graphs of one training step, with their forward-output counts.
+
+    Captured as ``checkmate.optimize`` captures them: ``torch.compile`` (Dynamo, static
+    shapes) with an AOTAutograd backend whose partition hook sees each joint graph. A model
+    with graph breaks yields several graphs.
 
     Raises:
-        TraceError: AOTAutograd could not trace the model.
+        TraceError: the model could not be traced, or no output requires grad.
     """
-    from functorch.compile import aot_module
+    from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import default_partition
 
-    captured: dict[str, Any] = {}
+    graphs: list[tuple[torch.fx.GraphModule, int]] = []
 
     def partition(gm: torch.fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kw: Any) -> Any:
-        captured["gm"], captured["n"] = gm, num_fwd_outputs
+        graphs.append((gm, num_fwd_outputs))
         return default_partition(gm, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw)
 
-    compiled = aot_module(model, fw_compiler=_identity, bw_compiler=_identity, partition_fn=partition)
+    backend = aot_autograd(fw_compiler=_identity, bw_compiler=_identity, partition_fn=partition)
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    model.train()
     try:
-        compiled(*inputs)
+        with torch.enable_grad():
+            compiled(*inputs)
     except Exception as exc:
-        raise TraceError(f"could not trace the model with AOTAutograd: {type(exc).__name__}: {exc}") from exc
-    if "gm" not in captured:
+        inner = getattr(exc, "inner_exception", None) or exc
+        raise TraceError(f"could not trace the model: {type(inner).__name__}: {inner}") from exc
+    if not graphs:
         raise TraceError("the model produced no joint graph: does any output require grad?")
-    return captured["gm"], int(captured["n"])
+    return graphs
+
+
+def _costs(
+    gm: torch.fx.GraphModule, nodes: Sequence[torch.fx.Node], *, profile: str | None, device: torch.device
+) -> list[float]:
+    from checkmate.profile import profile_costs
+
+    return profile_costs(gm, list(nodes), profile=profile, device=device)
 
 
 def _identity(gm: torch.fx.GraphModule, _: Any) -> torch.fx.GraphModule:
@@ -89,7 +107,7 @@ def trace_factory(
     shapes: Sequence[tuple[int, ...]] = (),
     profile: str | None = None,
     device: str = "cpu",
-) -> Graph:
+) -> list[Graph]:
     """Build a model with its factory, trace one training step and profile its ops.
 
     Args:
@@ -99,7 +117,8 @@ def trace_factory(
         device: where the model runs while tracing and measuring.
 
     Returns:
-        The graph, with ``meta`` naming the factory, the input shapes and the profile.
+        One graph per captured joint graph (several when the model has graph breaks), each
+        with ``meta`` naming the factory, the input shapes and the profile.
 
     Raises:
         CheckmateError: a bad factory or inputs; TraceError when tracing fails.
@@ -120,21 +139,25 @@ def trace_factory(
     model = model.to(dev)
     inputs = tuple(x.to(dev) if isinstance(x, torch.Tensor) else x for x in inputs)
 
-    from checkmate.profile import profile_costs, profile_id
+    from checkmate.profile import load_profile, profile_id
     from checkmate.trace import build_graph
 
-    gm, num_fwd = capture_joint(model, inputs)
-    jg = build_graph(
-        gm,
-        num_fwd,
-        lambda nodes: profile_costs(gm, nodes, profile=profile, device=dev),
-        name=spec.rpartition(":")[2],
-    )
-    meta = {
-        **dict(jg.graph.meta),
-        "factory": spec,
-        "input_shapes": [list(x.shape) for x in inputs if isinstance(x, torch.Tensor)],
-        "profile": profile_id(profile, dev),
-        "torch": torch.__version__,
-    }
-    return dataclasses.replace(jg.graph, meta=meta)
+    if profile is not None:
+        load_profile(profile)  # an unknown profile fails before the (slower) trace
+    name = spec.rpartition(":")[2]
+    captured = capture_joint(model, inputs)
+    out = []
+    for k, (gm, num_fwd) in enumerate(captured):
+        costs = functools.partial(_costs, gm, profile=profile, device=dev)
+        jg = build_graph(gm, num_fwd, costs, name=name if len(captured) == 1 else f"{name}.graph{k}")
+        meta = {
+            **dict(jg.graph.meta),
+            "factory": spec,
+            "graph_index": k,
+            "graphs": len(captured),
+            "input_shapes": [list(x.shape) for x in inputs if isinstance(x, torch.Tensor)],
+            "profile": profile_id(profile, dev),
+            "torch": torch.__version__,
+        }
+        out.append(dataclasses.replace(jg.graph, meta=meta))
+    return out

@@ -33,6 +33,20 @@ FACTORY = textwrap.dedent(
 
     def not_a_model():
         return 42
+
+    class Breaks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(32, 16), torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            if h.sum().item() > -1e30:  # data-dependent Python branch: a graph break
+                h = h * 2
+            return self.b(h)
+
+    def with_break():
+        return Breaks(), torch.randn(8, 32)
     """
 )
 
@@ -101,3 +115,41 @@ def test_trace_bad_shape_and_profile(factory: Path, tmp_path: Path) -> None:
     res = run("trace", f"{factory}:with_inputs", "--profile", "no-such-device", "-o", str(gpath))
     assert res.exit_code == 2 and "no-such-device" in res.stderr
     assert not gpath.exists()
+
+
+def test_trace_graph_break_writes_one_file_per_graph(factory: Path, tmp_path: Path) -> None:
+    gpath = tmp_path / "g.json"
+    res = run("trace", f"{factory}:with_break", "--profile", "cpu", "-o", str(gpath))
+    assert res.exit_code == 0, res.output
+    assert "graph breaks" in res.stderr
+    files = sorted(tmp_path.glob("g.*.json"))
+    assert [f.name for f in files] == ["g.0.json", "g.1.json"]
+    for k, f in enumerate(files):
+        g = load_graph(f)
+        assert g.backward_mask.any()
+        assert json.loads(f.read_text())["meta"]["graph_index"] == k
+
+
+def test_offline_plan_is_used_by_optimize(factory: Path, tmp_path: Path) -> None:
+    """trace -> solve offline -> optimize(..., plan=) loads that plan instead of planning."""
+    import importlib.util
+
+    import torch
+
+    import checkmate
+
+    gpath, plan = tmp_path / "g.json", tmp_path / "p.json"
+    assert run("trace", f"{factory}:with_inputs", "--profile", "cpu", "-o", str(gpath)).exit_code == 0
+    res = run("solve", str(gpath), "-b", "1.0", "-s", "checkpoint-all", "-o", str(plan), "-q")
+    assert res.exit_code == 0, res.output
+    spec = importlib.util.spec_from_file_location("models_for_optimize", factory)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model, x = module.with_inputs()
+    opt = checkmate.optimize(model, 1.0, (x,), strategy="checkpoint-all", profile="cpu", plan=str(plan))
+    (record,) = checkmate.plans_of(opt)
+    assert record.result.info.get("cache") == "hit", record.result.info
+    opt(x).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    assert isinstance(model[0].weight.grad, torch.Tensor)
