@@ -1,6 +1,7 @@
 """Schedules and the one simulator every strategy goes through.
 
-A :class:`Schedule` is an ordered list of steps ``("compute", i)`` / ``("free", i)``,
+A :class:`Schedule` is an ordered list of steps ``("compute", i)`` / ``("free", i)``
+(and, for paging strategies such as POET, ``("pageout", i)`` / ``("pagein", i)``),
 optionally with the (R, S) matrices of the Checkmate formulation it was decoded from
 (Jain et al., "Checkmate: Breaking the Memory Wall with Optimal Tensor
 Rematerialization", MLSys 2020): ``R[t, i]`` = node i is computed in stage t,
@@ -9,11 +10,17 @@ Rematerialization", MLSys 2020): ``R[t, i]`` = node i is computed in stage t,
 Memory convention (shared by the MILP and the simulator): computing node i allocates its
 output while its inputs are still resident; the peak is taken after each compute, before
 the frees that follow it. Graph inputs (parameters, user inputs) are outside the budget.
+
+Paging: ``("pageout", i)`` copies the device-resident value i to host memory (unbounded,
+outside the budget; the host copy persists and the device copy stays until a ``free``);
+``("pagein", i)`` copies it back, allocating its bytes on the device like a compute (the
+peak is also taken after it). A page-in is not a recompute. Each transfer of ``b`` bytes
+costs ``transfer_time(b)``, reported apart from the compute cost.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -26,6 +33,8 @@ from solvers.graph import Graph
 __all__ = [
     "COMPUTE",
     "FREE",
+    "PAGEOUT",
+    "PAGEIN",
     "Step",
     "Schedule",
     "SimResult",
@@ -38,6 +47,8 @@ __all__ = [
 
 COMPUTE: Literal["compute"] = "compute"
 FREE: Literal["free"] = "free"
+PAGEOUT: Literal["pageout"] = "pageout"
+PAGEIN: Literal["pagein"] = "pagein"
 Step = tuple[str, int]
 
 BoolMatrix = npt.NDArray[np.bool_]
@@ -82,6 +93,10 @@ class SimResult:
         timeline: memory in use after each step, shape (len(steps),).
         compute_counts: times each node was computed, shape (n,).
         resident_end: nodes still resident after the last step.
+        transfer_cost: sum of ``transfer_time(bytes)`` over page-outs and page-ins (0.0
+            without paging steps or without a ``transfer_time``).
+        transfer_bytes: bytes moved between host and device, both directions.
+        transfers: number of page-out and page-in steps.
     """
 
     cost: float
@@ -90,6 +105,9 @@ class SimResult:
     timeline: npt.NDArray[np.int64]
     compute_counts: npt.NDArray[np.int64]
     resident_end: frozenset[int]
+    transfer_cost: float = 0.0
+    transfer_bytes: int = 0
+    transfers: int = 0
 
     @property
     def recomputes(self) -> int:
@@ -97,13 +115,25 @@ class SimResult:
         return int(np.maximum(self.compute_counts - 1, 0).sum())
 
 
-def simulate(graph: Graph, schedule: Schedule | Sequence[Step]) -> SimResult:
+def simulate(
+    graph: Graph,
+    schedule: Schedule | Sequence[Step],
+    *,
+    transfer_time: Callable[[int], float] | None = None,
+) -> SimResult:
     """Replay ``schedule`` on ``graph``; return its cost, peak memory and timeline.
+
+    Args:
+        graph: the graph.
+        schedule: a Schedule or a sequence of steps.
+        transfer_time: cost of moving that many bytes between host and device (for
+            schedules with paging steps); None counts transfers at zero cost.
 
     Raises:
         ScheduleError: a step computes a node whose input is not resident, computes a node
-            that is already resident, frees a node that is not resident, names a node that
-            does not exist, or is neither "compute" nor "free".
+            that is already resident, frees a node that is not resident, pages out a node
+            that is not resident, pages in a node that is resident or not on the host,
+            names a node that does not exist, or has an unknown op.
     """
     steps = schedule.steps if isinstance(schedule, Schedule) else tuple(schedule)
     n = graph.n
@@ -111,6 +141,10 @@ def simulate(graph: Graph, schedule: Schedule | Sequence[Step]) -> SimResult:
     cost = graph.cost
     preds = graph.preds
     resident = np.zeros(n, dtype=bool)
+    on_host = np.zeros(n, dtype=bool)
+    moved = 0
+    moves = 0
+    transfer = 0.0
     counts = np.zeros(n, dtype=np.int64)
     timeline = np.empty(len(steps), dtype=np.int64)
     cur = 0
@@ -140,8 +174,29 @@ def simulate(graph: Graph, schedule: Schedule | Sequence[Step]) -> SimResult:
                 raise ScheduleError(f"step {s} frees node {_name(graph, i)} which is not resident")
             resident[i] = False
             cur -= int(mem[i])
+        elif op == PAGEOUT:
+            if not resident[i]:
+                raise ScheduleError(f"step {s} pages out node {_name(graph, i)} which is not resident")
+            on_host[i] = True
+            moved, moves = moved + int(mem[i]), moves + 1
+            transfer += transfer_time(int(mem[i])) if transfer_time is not None else 0.0
+        elif op == PAGEIN:
+            if resident[i]:
+                raise ScheduleError(f"step {s} pages in node {_name(graph, i)} which is already resident")
+            if not on_host[i]:
+                raise ScheduleError(
+                    f"step {s} pages in node {_name(graph, i)} which is not on the host; page it out first"
+                )
+            resident[i] = True
+            cur += int(mem[i])
+            moved, moves = moved + int(mem[i]), moves + 1
+            transfer += transfer_time(int(mem[i])) if transfer_time is not None else 0.0
+            if cur > peak or peak_step < 0:
+                peak, peak_step = cur, s
         else:
-            raise ScheduleError(f"step {s} has unknown op {op!r}: expected 'compute' or 'free'")
+            raise ScheduleError(
+                f"step {s} has unknown op {op!r}: expected 'compute', 'free', 'pageout' or 'pagein'"
+            )
         timeline[s] = cur
     return SimResult(
         cost=total,
@@ -150,19 +205,30 @@ def simulate(graph: Graph, schedule: Schedule | Sequence[Step]) -> SimResult:
         timeline=timeline,
         compute_counts=counts,
         resident_end=frozenset(np.flatnonzero(resident).tolist()),
+        transfer_cost=transfer,
+        transfer_bytes=moved,
+        transfers=moves,
     )
 
 
-def validate(graph: Graph, schedule: Schedule | Sequence[Step], budget: int | None = None) -> SimResult:
+def validate(
+    graph: Graph,
+    schedule: Schedule | Sequence[Step],
+    budget: int | None = None,
+    *,
+    transfer_time: Callable[[int], float] | None = None,
+) -> SimResult:
     """Simulate and check every rule a runnable plan must satisfy.
 
     Rules: valid reads (see :func:`simulate`); every node computed at least once;
-    non-recomputable nodes computed exactly once; peak <= ``budget`` when given.
+    non-recomputable nodes computed exactly once (a page-in is not a compute, so a
+    non-recomputable value may come back from the host any number of times);
+    peak <= ``budget`` when given. ``transfer_time`` is passed to :func:`simulate`.
 
     Raises:
         ScheduleError: the first rule broken, naming the node or step.
     """
-    res = simulate(graph, schedule)
+    res = simulate(graph, schedule, transfer_time=transfer_time)
     missing = np.flatnonzero(res.compute_counts == 0)
     if missing.size:
         raise ScheduleError(
