@@ -1,30 +1,41 @@
 """Measured peak memory of a piece of code: what a budget is checked against.
 
 The figure is the peak of bytes allocated while the code runs *beyond what was live before
-it*: activations, temporaries, gradients, outputs. Memory that was live before (parameters,
-inputs, optimizer state) is not counted.
+it*: activations, temporaries, gradients, outputs. Memory live before (parameters, inputs,
+optimizer state) is not counted; freeing some of it during the run lowers the count, as on
+CUDA.
 
-- CPU (and any device without allocator statistics): a TorchDispatchMode sees the outputs of
-  every aten op. A storage that is not the storage of one of the op's tensor arguments is
-  new: its bytes are added, and a weakref finalizer on the storage subtracts them when the
-  storage is freed. Views share their base's storage, so they are never counted twice.
-  Not seen: scratch space an op frees before it returns, storages made without going
-  through the dispatcher (``torch.tensor(data)``, ``torch.from_numpy``, Inductor-compiled
-  kernels), and frees of storages that were live before (which can only lower the peak).
-- CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the
-  bytes allocated before; this is the caching allocator's own count (block-rounded).
+Methods (``MemoryTracker(method=...)``):
 
-``measure_peak`` picks CUDA's figure when CUDA memory was allocated during the call and the
-dispatch-mode figure otherwise; ``MemoryTracker`` is the context-manager form.
+- ``"allocator"`` (the default on CPU): the PyTorch profiler with ``profile_memory=True``
+  reports every allocation and free of the CPU allocator, in time order; the peak is the
+  maximum of their running sum. Exact to the byte, and it sees everything: scratch space
+  inside ops, ``torch.tensor(data)``, code compiled by ``torch.compile``. The profiler's
+  first use in a process takes a second or two; it cannot be nested inside another running
+  profiler (``"auto"`` then falls back to ``"storages"``). To keep each measurement from
+  printing kineto's start/stop lines, ``KINETO_LOG_LEVEL`` is set to 6 unless already set.
+- ``"storages"``: a TorchDispatchMode sees the outputs of every aten op. A storage that is
+  not the storage of one of the op's tensor arguments is new: its bytes are added, and a
+  weakref finalizer on the storage subtracts them when it is freed. Views share their base's
+  storage, so they are never counted twice. Not seen: scratch space an op frees before it
+  returns, storages made outside the dispatcher (``torch.tensor(data)``, Inductor kernels),
+  frees of memory live before. Note: ``torch.compile``d code does not run its compiled
+  graph under a dispatch mode, so this method measures such code in eager mode.
+- CUDA, whichever method: when CUDA memory was allocated during the run, the figure is
+  ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()``, minus the bytes
+  allocated before (the caching allocator's own count, rounded to its 512-byte blocks).
+
+``measure_peak(fn)`` is the one-call form.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -32,13 +43,139 @@ from torch.utils._pytree import tree_flatten
 
 __all__ = ["MemoryTracker", "measure_peak"]
 
+Method = Literal["auto", "allocator", "storages"]
+
+
+class MemoryTracker:
+    """Context manager measuring the peak bytes allocated inside the ``with`` block.
+
+    Args:
+        method: ``"allocator"``, ``"storages"`` or ``"auto"`` (the allocator unless a profiler
+            is already running); see the module docstring.
+
+    Attributes (set when the block exits):
+        peak: the peak bytes allocated beyond what was live at entry (>= 0).
+        current: net bytes allocated in the block and still live at its end (negative when
+            the block freed more memory from before than it left allocated).
+        device: ``"cuda"`` when the CUDA allocator's figures were used, else ``"cpu"``.
+        method: the method used (``"allocator"`` or ``"storages"``).
+
+    Example:
+        >>> with MemoryTracker() as t:  # doctest: +SKIP
+        ...     model(x).sum().backward()
+        >>> t.peak  # doctest: +SKIP
+    """
+
+    def __init__(self, method: Method = "auto") -> None:
+        if method not in ("auto", "allocator", "storages"):
+            raise ValueError(f"method must be 'auto', 'allocator' or 'storages', got {method!r}")
+        self.requested: Method = method
+        self.method: Method = method
+        self.peak = 0
+        self.current = 0
+        self.device = "cpu"
+        self._cuda_before: int | None = None
+        self._profiler: torch.profiler.profile | None = None
+        self._storages: _StorageCounter | None = None
+
+    def __enter__(self) -> MemoryTracker:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self._cuda_before = torch.cuda.memory_allocated()
+        if self.requested == "auto":
+            self.method = "storages" if torch._C._autograd._profiler_enabled() else "allocator"
+        if self.method == "allocator":
+            # Set before kineto initializes (its first use), else every start/stop is logged.
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+            self._profiler = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+            )
+            self._profiler.__enter__()
+        else:
+            self._storages = _StorageCounter()
+            self._storages.mode.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._profiler is not None:
+            self._profiler.__exit__(exc_type, exc, tb)
+            self.peak, self.current = _allocator_peak(self._profiler)
+            self._profiler = None
+        elif self._storages is not None:
+            self._storages.mode.__exit__(exc_type, exc, tb)
+            self.peak, self.current = self._storages.peak, self._storages.current
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+            # None: CUDA was first used inside the block, so none of its memory was live before.
+            before = self._cuda_before or 0
+            cuda_peak = torch.cuda.max_memory_allocated() - before
+            if cuda_peak > 0:
+                self.peak = cuda_peak
+                self.current = torch.cuda.memory_allocated() - before
+                self.device = "cuda"
+
+
+def _allocator_peak(prof: torch.profiler.profile) -> tuple[int, int]:
+    """(peak, final) running sum of the CPU allocator's events the profiler recorded."""
+    results = prof.profiler.kineto_results if prof.profiler is not None else None
+    if results is None:
+        return 0, 0
+    cpu = torch.autograd.DeviceType.CPU
+    events = [
+        (e.start_ns(), e.nbytes())
+        for e in results.events()
+        if e.name() == "[memory]" and e.device_type() == cpu
+    ]
+    events.sort(key=lambda ev: ev[0])  # stable: same-time events keep their recorded order
+    current = peak = 0
+    for _, nbytes in events:
+        current += nbytes
+        peak = max(peak, current)
+    return peak, current
+
+
+class _StorageCounter:
+    """Bytes of the storages created by aten ops while ``mode`` is active, and their peak."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self.current = 0
+        self._live: dict[int, int] = {}
+        self._lock = threading.RLock()  # a finalizer may run inside on_alloc (GC)
+        self.mode = _StorageMode(self)
+
+    def on_alloc(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        key, nbytes = int(storage._cdata), storage.nbytes()
+        with self._lock:
+            if key in self._live:
+                return
+            self._live[key] = nbytes
+            self.current += nbytes
+            self.peak = max(self.peak, self.current)
+        # Storages keep their Python object alive while the C++ storage lives (PyObject
+        # preservation), so this fires exactly when the memory is released.
+        weakref.finalize(storage, self._on_free, key)
+
+    def _on_free(self, key: int) -> None:
+        with self._lock:
+            nbytes = self._live.pop(key, None)
+            if nbytes is not None:
+                self.current -= nbytes
+
 
 class _StorageMode(TorchDispatchMode):
-    """Counts the bytes of storages created by aten ops while the mode is active."""
+    """Reports the new storages among each aten op's outputs to a _StorageCounter."""
 
-    def __init__(self, tracker: MemoryTracker) -> None:
+    def __init__(self, counter: _StorageCounter) -> None:
         super().__init__()
-        self.tracker = tracker
+        self.counter = counter
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -51,7 +188,7 @@ class _StorageMode(TorchDispatchMode):
                 key = _storage_key(t)
                 if key is not None and key not in seen:
                     seen.add(key)
-                    self.tracker._on_alloc(t)
+                    self.counter.on_alloc(t)
         return out
 
 
@@ -68,85 +205,16 @@ def _storage_key(t: torch.Tensor) -> int | None:
     return int(storage._cdata)
 
 
-class MemoryTracker:
-    """Context manager measuring the peak bytes allocated inside the ``with`` block.
-
-    Attributes (valid during and after the block):
-        peak: the peak bytes beyond what was live at entry.
-        current: bytes allocated in the block and still live (CPU tracking).
-        device: ``"cuda"`` when the CUDA allocator's figure was used, else ``"cpu"``.
-
-    Example:
-        >>> with MemoryTracker() as t:  # doctest: +SKIP
-        ...     loss = model(x).sum(); loss.backward()
-        >>> t.peak  # doctest: +SKIP
-    """
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self.current = 0
-        self.device = "cpu"
-        self._cpu_peak = 0
-        self._live: dict[int, int] = {}
-        self._lock = threading.RLock()  # a finalizer may run inside _on_alloc (GC)
-        self._mode = _StorageMode(self)
-        self._cuda_before: int | None = None
-        self._cuda_seen = False
-
-    def _on_alloc(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        key, nbytes = storage._cdata, storage.nbytes()
-        if t.device.type == "cuda":
-            self._cuda_seen = True
-        with self._lock:
-            if key in self._live:
-                return
-            self._live[key] = nbytes
-            self.current += nbytes
-            self._cpu_peak = max(self._cpu_peak, self.current)
-            self.peak = max(self.peak, self._cpu_peak)
-        # Storages keep their Python object alive while the C++ storage lives (PyObject
-        # preservation), so this fires exactly when the memory is released.
-        weakref.finalize(storage, self._on_free, key)
-
-    def _on_free(self, key: int) -> None:
-        with self._lock:
-            nbytes = self._live.pop(key, None)
-            if nbytes is not None:
-                self.current -= nbytes
-
-    def __enter__(self) -> MemoryTracker:
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self._cuda_before = torch.cuda.memory_allocated()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._mode.__exit__(exc_type, exc, tb)
-        if self._cuda_seen and torch.cuda.is_available():
-            torch.cuda.synchronize()
-            # None: CUDA was first used inside the block, so none of its memory was live before.
-            before = self._cuda_before or 0
-            self.peak = max(0, torch.cuda.max_memory_allocated() - before)
-            self.device = "cuda"
-
-
-def measure_peak(fn: Callable[[], Any]) -> int:
+def measure_peak(fn: Callable[[], Any], *, method: Method = "auto") -> int:
     """Peak bytes allocated while ``fn()`` runs, beyond what was live before it.
 
     Counts activations, temporaries, gradients and outputs created by ``fn``; see the
-    module docstring for how (a dispatch mode over storages on CPU, the allocator's
-    statistics on CUDA) and what is not seen.
+    module docstring for how (the CPU allocator's events, or a dispatch mode over storages;
+    the allocator's statistics on CUDA).
 
     Args:
         fn: the code to measure, e.g. one training step.
+        method: ``"auto"``, ``"allocator"`` or ``"storages"`` (see :class:`MemoryTracker`).
 
     Returns:
         The peak in bytes (>= 0).
@@ -155,6 +223,6 @@ def measure_peak(fn: Callable[[], Any]) -> int:
         >>> measure_peak(lambda: torch.empty(1024))  # doctest: +SKIP
         4096
     """
-    with MemoryTracker() as tracker:
+    with MemoryTracker(method) as tracker:
         fn()
     return tracker.peak
