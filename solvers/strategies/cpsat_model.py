@@ -4,8 +4,10 @@ Formulation after Moccasin (Bartan, Li, Teague, Hoffman, Tovar et al., "Moccasin
 Tensor Rematerialization for Neural Networks", ICML 2023), written from the paper, with
 O(n) integer variables instead of the Checkmate MILP's O(n²) binaries:
 
-- time is a sequence of integer slots; at most one node is computed per slot (a
-  ``NoOverlap`` over unit "compute" intervals);
+- time is a sequence of integer slots, one compute per slot. Slots are staged as in the
+  Checkmate MILP: stage t ends with the first compute of node t, and the recomputes of
+  stage t run before it in id order, so the compute of v in stage t takes slot
+  ``t * n + v``. First computes are constants; a recompute chooses only its stage;
 - node v has up to ``C_v`` retention intervals ``[s_vk, e_vk)``: it is computed at slot
   ``s_vk`` and its output stays resident through slot ``e_vk - 1``. Interval 0 is
   mandatory, the others optional (presence ``p_vk``), ordered and disjoint
@@ -50,17 +52,17 @@ except ImportError as _exc:  # pragma: no cover - exercised only without ortools
         name="ortools",
     ) from _exc
 
-__all__ = ["solve_cpsat", "CpsatModel", "build_model", "decode"]
+__all__ = ["solve_in_process", "CpsatModel", "build_model", "decode"]
 
 _COST_RESOLUTION = 10**7  # total cost maps to this many integer units
 
 # One table from CP-SAT's statuses to the project's (INFEASIBLE is only "in this restricted
 # model"; solve_cpsat upgrades it to a proof when the working-set bound already says so).
 _STATUS = {
-    cp_model.OPTIMAL: Status.OPTIMAL,
-    cp_model.FEASIBLE: Status.FEASIBLE,
-    cp_model.INFEASIBLE: Status.NO_SOLUTION,
-    cp_model.UNKNOWN: Status.NO_SOLUTION,
+    "OPTIMAL": Status.OPTIMAL,
+    "FEASIBLE": Status.FEASIBLE,
+    "INFEASIBLE": Status.NO_SOLUTION,
+    "UNKNOWN": Status.NO_SOLUTION,
 }
 
 
@@ -284,7 +286,7 @@ def _add_hint(graph: Graph, index: CpsatModel, hint: Schedule) -> bool:
     return True
 
 
-def solve_cpsat(
+def solve_in_process(
     graph: Graph,
     budget: int,
     *,
@@ -297,7 +299,8 @@ def solve_cpsat(
     progress: ProgressFn | None = None,
     **_: Any,
 ) -> SolveResult:
-    """Plan ``graph`` under ``budget`` with the retention-interval CP model on CP-SAT.
+    """Plan ``graph`` under ``budget`` with the retention-interval CP model on CP-SAT, in
+    this process (see :func:`solvers.strategies.cpsat.solve_cpsat`, which isolates it).
 
     Args:
         graph: the graph.
@@ -341,7 +344,7 @@ def solve_cpsat(
     solve_s = time.perf_counter() - t1
     if code == cp_model.MODEL_INVALID:
         raise SolverError(f"CP-SAT rejected the model of {graph.name!r}: {index.model.validate()}")
-    status = _STATUS[code]
+    status = _STATUS[solver.status_name(code)]
     info: dict[str, Any] = {
         "restrictions": index.restrictions,
         "solver_status": solver.status_name(code),

@@ -142,3 +142,17 @@ def test_vgg16_at_09_reaches_published_optimum() -> None:
     assert sim.cost / g.total_cost == pytest.approx(1.0197, abs=5e-4)
     assert sim.peak <= budget
     assert np.all(_steps(res).compute_counts(g.n) >= 1)
+
+
+def test_coexists_with_highspy_in_one_process() -> None:
+    """highspy and OR-Tools bundle clashing HiGHS builds; the strategy must leave highspy
+    usable after a CP-SAT solve and still solve after highspy is loaded."""
+    highspy = pytest.importorskip("highspy")
+    highspy.Highs()
+    g = with_loss(4)
+    res = solve_cpsat(g, 4, time_limit=10)
+    assert res.status == Status.OPTIMAL
+    assert res.cost == pytest.approx(9.0)
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    assert h.getInfinity() > 1e20
