@@ -41,7 +41,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["MemoryTracker", "measure_peak"]
+__all__ = ["MemoryTracker", "Method", "measure_peak"]
 
 Method = Literal["auto", "allocator", "storages"]
 
@@ -128,7 +128,7 @@ def _allocator_peak(prof: torch.profiler.profile) -> tuple[int, int]:
         return 0, 0
     cpu = torch.autograd.DeviceType.CPU
     events = [
-        (e.start_ns(), e.nbytes())
+        (e.start_ns(), e.nbytes())  # type: ignore[attr-defined]  # nbytes is missing from the stubs
         for e in results.events()
         if e.name() == "[memory]" and e.device_type() == cpu
     ]

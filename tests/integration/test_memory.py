@@ -6,12 +6,12 @@ import pytest
 import torch
 import torch.nn as nn
 
-from checkmate.memory import MemoryTracker, measure_peak
+from checkmate.memory import MemoryTracker, Method, measure_peak
 
 pytestmark = pytest.mark.torch
 
 MB = 1 << 20
-METHODS = ["allocator", "storages"]
+METHODS: list[Method] = ["allocator", "storages"]
 
 
 def _bytes(n: int) -> torch.Tensor:
@@ -19,7 +19,7 @@ def _bytes(n: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_known_allocations_give_the_exact_peak(method: str) -> None:
+def test_known_allocations_give_the_exact_peak(method: Method) -> None:
     def step() -> None:
         a, b, c = _bytes(1 * MB), _bytes(2 * MB), _bytes(3 * MB)  # 6 MB live
         del b  # 4 MB
@@ -33,7 +33,7 @@ def test_known_allocations_give_the_exact_peak(method: str) -> None:
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_freed_memory_is_reused_in_the_count(method: str) -> None:
+def test_freed_memory_is_reused_in_the_count(method: Method) -> None:
     def step() -> None:
         for _ in range(5):
             x = torch.zeros(MB // 4)  # 1 MB, freed when rebound
@@ -43,7 +43,7 @@ def test_freed_memory_is_reused_in_the_count(method: str) -> None:
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_views_share_their_base_and_are_counted_once(method: str) -> None:
+def test_views_share_their_base_and_are_counted_once(method: Method) -> None:
     def step() -> list[torch.Tensor]:
         base = torch.zeros(256, 1024)  # 1 MB
         return [base.t(), base[3:], base.view(-1), base.unsqueeze(0), base.detach(), *base.split(64)]
@@ -52,7 +52,7 @@ def test_views_share_their_base_and_are_counted_once(method: str) -> None:
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_memory_live_before_is_not_counted(method: str) -> None:
+def test_memory_live_before_is_not_counted(method: Method) -> None:
     w = torch.randn(512, 512)  # 1 MB that exists before
 
     def step() -> None:
@@ -65,9 +65,9 @@ def test_memory_live_before_is_not_counted(method: str) -> None:
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_the_context_manager_reports_peak_and_what_stays_live(method: str) -> None:
+def test_the_context_manager_reports_peak_and_what_stays_live(method: Method) -> None:
     keep: list[torch.Tensor] = []
-    with MemoryTracker(method) as t:  # type: ignore[arg-type]
+    with MemoryTracker(method) as t:
         keep.append(torch.ones(MB // 4))  # 1 MB kept
         tmp = torch.ones(MB // 2)  # 2 MB temporary
         del tmp
@@ -77,7 +77,7 @@ def test_the_context_manager_reports_peak_and_what_stays_live(method: str) -> No
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_a_training_step_counts_saved_activations_and_gradients(method: str) -> None:
+def test_a_training_step_counts_saved_activations_and_gradients(method: Method) -> None:
     torch.manual_seed(0)
     batch, width, depth = 64, 256, 4
     model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)])
@@ -104,7 +104,7 @@ def test_a_training_step_counts_saved_activations_and_gradients(method: str) -> 
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_gradients_computed_in_backward_are_seen(method: str) -> None:
+def test_gradients_computed_in_backward_are_seen(method: Method) -> None:
     w = torch.randn(1024, 256, requires_grad=True)  # 1 MB parameter
     x = torch.randn(8, 1024)
     loss = (x @ w).square().sum()
@@ -115,7 +115,7 @@ def test_gradients_computed_in_backward_are_seen(method: str) -> None:
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_exceptions_propagate_and_leave_no_mode_active(method: str) -> None:
+def test_exceptions_propagate_and_leave_no_mode_active(method: Method) -> None:
     def boom() -> None:
         torch.zeros(10)
         raise RuntimeError("boom")
