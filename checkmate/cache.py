@@ -114,7 +114,9 @@ def cached_solve(
 
     A cached plan with status ``feasible`` (optimality not proven) is reused only when the
     time limit asked for is no larger than the one it was solved with; otherwise the
-    search runs again with the new limit.
+    search runs again with the new limit. A pinned file without a cache key (written by
+    ``checkmate solve``) is used when it was made for this graph and fits the budget,
+    whatever strategy made it: that is what pinning a plan solved offline means.
 
     Args:
         graph: the (profiled) graph to plan.

@@ -249,7 +249,12 @@ def compare(plans: tuple[str, ...], debug: bool) -> None:
 @click.argument("graph")
 @click.option("--budgets", required=True, help="Comma-separated budgets, e.g. 0.9,0.8,0.7 or 12GiB,10GiB.")
 @click.option(
-    "--strategies", "strategy_list", default="auto", show_default=True, help="Comma-separated strategy names."
+    "--strategies",
+    "-s",
+    "strategy_list",
+    default="auto",
+    show_default=True,
+    help="Comma-separated strategy names.",
 )
 @click.option(
     "--time-limit", "-t", type=float, default=None, help="Seconds per solve for searching strategies."
@@ -269,7 +274,11 @@ def sweep(
     quiet: bool,
     debug: bool,
 ) -> None:
-    """Solve GRAPH at every budget with every strategy: a table and a Pareto plot."""
+    """Solve GRAPH at every budget with every strategy: a table and a Pareto plot.
+
+    Budgets without a schedule are rows too (infeasible, no_solution, error). Exits 1 when
+    no budget had a schedule at all.
+    """
     specs = [b.strip() for b in budgets.split(",") if b.strip()]
     names = [s.strip() for s in strategy_list.split(",") if s.strip()]
     if not specs or not names:
@@ -314,6 +323,8 @@ def sweep(
 
         pareto_figure(rows, plot_path, title=f"{g.name}: overhead against budget")
         report.kv("plot", plot_path)
+    if all(r["overhead"] is None for r in rows):
+        raise _NoPlan("no plan: no strategy found a schedule at any of these budgets")
 
 
 @cli.command()

@@ -302,3 +302,9 @@ def test_vgg16_ilp_acceptance(tmp_path: Path) -> None:
     assert res.exit_code == 1
     assert res.stdout.count("infeasible:") == 1
     assert not out8.exists()
+
+
+def test_sweep_without_any_schedule_exits_1(graph_file: Path) -> None:
+    res = run("sweep", str(graph_file), "--budgets", "0.25,0.2", "--strategies", "chen-greedy", "-q")
+    assert res.exit_code == 1
+    assert res.stdout.count("infeasible") >= 2 and "no plan" in res.stdout
