@@ -95,7 +95,10 @@ def cache_key(
     profile_id: str = "",
 ) -> str:
     """The sha256 hex digest naming the plan for these inputs (see :func:`key_parts`)."""
-    parts = key_parts(graph, budget_bytes, strategy, options, profile_id)
+    return _digest(key_parts(graph, budget_bytes, strategy, options, profile_id))
+
+
+def _digest(parts: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -140,7 +143,7 @@ def cached_solve(
     opts = dict(options or {})
     budget_bytes, _ = resolve_budget(graph, budget)
     parts = key_parts(graph, budget_bytes, strategy, opts, profile_id)
-    key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    key = _digest(parts)
     if plan_path is not None:
         path: Path | None = Path(plan_path)
     elif cache_enabled():
