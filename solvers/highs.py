@@ -1,0 +1,305 @@
+"""The one boundary to HiGHS (highspy): sparse arrays in, numpy and project statuses out.
+
+Nothing of highspy leaves this module: HiGHS model statuses map to
+:class:`solvers.result.Status` through one table (:data:`STATUS_TABLE`), and HiGHS
+failures become :class:`solvers.errors.SolverError`.
+
+HiGHS: Huangfu & Hall, "Parallelizing the dual revised simplex method", Math. Prog.
+Comp. 2018; the MIP solver is branch-and-cut with primal heuristics.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import scipy.sparse as sp
+
+from solvers.errors import SolverError
+from solvers.result import Status
+
+__all__ = ["HighsProblem", "HighsResult", "STATUS_TABLE", "solve", "ProgressHook"]
+
+FloatArray = npt.NDArray[np.float64]
+
+#: (elapsed seconds, incumbent objective or None, dual bound or None, phase) -> None
+ProgressHook = Callable[[float, float | None, float | None, str], None]
+
+#: HiGHS model status name -> project status. None: a limit was hit, the status depends
+#: on whether a feasible solution exists (FEASIBLE) or not (NO_SOLUTION). Names that are
+#: absent (load/model/presolve/solve/postsolve errors, unbounded) raise SolverError.
+STATUS_TABLE: dict[str, Status | None] = {
+    "kOptimal": Status.OPTIMAL,
+    "kModelEmpty": Status.OPTIMAL,
+    "kInfeasible": Status.INFEASIBLE,
+    # every variable of our models is bounded, so "unbounded or infeasible" is infeasible
+    "kUnboundedOrInfeasible": Status.INFEASIBLE,
+    "kTimeLimit": None,
+    "kIterationLimit": None,
+    "kSolutionLimit": None,
+    "kInterrupt": None,
+    "kHighsInterrupt": None,
+    "kObjectiveBound": None,
+    "kObjectiveTarget": None,
+    "kMemoryLimit": None,
+    "kUnknown": None,
+}
+
+
+@dataclass(frozen=True)
+class HighsProblem:
+    """``min cost·x + offset  s.t.  row_lower <= A x <= row_upper, col bounds``.
+
+    ``integrality`` marks integer columns; None (or ``relax``) solves the LP.
+    """
+
+    A: sp.spmatrix | sp.sparray
+    row_lower: FloatArray
+    row_upper: FloatArray
+    col_lower: FloatArray
+    col_upper: FloatArray
+    cost: FloatArray
+    integrality: npt.NDArray[np.bool_] | None = None
+    offset: float = 0.0
+
+
+@dataclass(frozen=True)
+class HighsResult:
+    """What HiGHS returned, in project terms.
+
+    Attributes:
+        status: the mapped status.
+        x: the best primal solution (None when there is none).
+        objective: its objective value (None without one).
+        bound: the best proven lower bound (MIP dual bound, or the LP optimum).
+        mip_gap: relative gap between objective and bound (None for LPs / no solution).
+        model_status: HiGHS's own status name, for logs.
+        seconds: wall time of the solve.
+        info: iteration and node counts.
+    """
+
+    status: Status
+    x: FloatArray | None
+    objective: float | None
+    bound: float | None
+    mip_gap: float | None
+    model_status: str
+    seconds: float
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+
+def solve(
+    problem: HighsProblem,
+    *,
+    relax: bool = False,
+    time_limit: float | None = None,
+    mip_rel_gap: float = 1e-4,
+    threads: int | None = None,
+    mip_heuristic_effort: float | None = None,
+    start: npt.ArrayLike | None = None,
+    lp_solver: str | None = None,
+    presolve: bool = True,
+    feasibility_tolerance: float = 1e-9,
+    progress: ProgressHook | None = None,
+    progress_interval: float = 1.0,
+    options: Mapping[str, Any] | None = None,
+    log: bool = False,
+) -> HighsResult:
+    """Solve a MILP (or its LP relaxation) with HiGHS.
+
+    Args:
+        problem: the sparse problem.
+        relax: drop integrality (solve the LP relaxation).
+        time_limit: seconds; at the limit the best incumbent is returned (status FEASIBLE)
+            or NO_SOLUTION when there is none.
+        mip_rel_gap: relative MIP gap at which the solve stops as optimal.
+        threads: HiGHS threads (None: HiGHS's default).
+        mip_heuristic_effort: share of MIP effort on primal heuristics (HiGHS default 0.05).
+        start: a feasible column vector passed to HiGHS as an incumbent (``setSolution``).
+        lp_solver: HiGHS ``solver`` option: "simplex", "ipm", "pdlp" or "choose".
+        presolve: run HiGHS presolve.
+        feasibility_tolerance: primal and MIP feasibility tolerance (tight by default so
+            that memory rows scaled to the budget hold to within bytes).
+        progress: called with (elapsed, incumbent, bound, phase) on improving solutions and
+            about every ``progress_interval`` seconds during the MIP search.
+        progress_interval: seconds between periodic progress calls.
+        options: further HiGHS options by name.
+        log: print HiGHS's log to the console.
+
+    Returns:
+        A :class:`HighsResult`.
+
+    Raises:
+        SolverError: HiGHS rejected the model or an option, or failed while solving.
+    """
+    import highspy
+
+    h = highspy.Highs()
+    t0 = time.perf_counter()
+    callback_error: list[BaseException] = []
+    try:
+        _set(h, "output_flag", bool(log))
+        _set(h, "log_to_console", bool(log))
+        _set(h, "primal_feasibility_tolerance", float(feasibility_tolerance))
+        _set(h, "mip_feasibility_tolerance", float(feasibility_tolerance))
+        _set(h, "mip_rel_gap", float(mip_rel_gap))
+        _set(h, "presolve", "on" if presolve else "off")
+        if time_limit is not None:
+            _set(h, "time_limit", float(max(time_limit, 0.0)))
+        if threads is not None:
+            _set(h, "threads", int(threads))
+        if mip_heuristic_effort is not None:
+            _set(h, "mip_heuristic_effort", float(mip_heuristic_effort))
+        if lp_solver is not None:
+            _set(h, "solver", str(lp_solver))
+        for name, value in (options or {}).items():
+            _set(h, name, value)
+        is_mip = not relax and problem.integrality is not None and bool(np.any(problem.integrality))
+        _pass_model(h, highspy, problem, is_mip)
+        if start is not None and is_mip:
+            xs = np.ascontiguousarray(start, dtype=np.float64)
+            if xs.shape != (len(problem.cost),):
+                raise SolverError(f"start vector has shape {xs.shape}; expected ({len(problem.cost)},)")
+            _check(h.setSolution(len(xs), np.arange(len(xs), dtype=np.int32), xs), highspy, "setSolution")
+        if progress is not None:
+            _attach_progress(h, progress, progress_interval, t0, is_mip, callback_error)
+        status = h.run()
+        if callback_error:
+            raise callback_error[0]
+        if status == highspy.HighsStatus.kError:
+            raise SolverError(f"HiGHS failed: {h.modelStatusToString(h.getModelStatus())}")
+        return _result(h, highspy, is_mip, time.perf_counter() - t0)
+    except SolverError:
+        raise
+    except Exception as exc:
+        if callback_error and exc is callback_error[0]:
+            raise  # the user's progress callback failed: its error, unchanged  # highspy raises plain exceptions (RuntimeError, TypeError, ...)
+        raise SolverError(f"HiGHS failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        h.clear()
+
+
+def _set(h: Any, name: str, value: Any) -> None:
+    import highspy
+
+    if h.setOptionValue(name, value) != highspy.HighsStatus.kOk:
+        raise SolverError(f"HiGHS rejected option {name}={value!r}; check the option name and type")
+
+
+def _check(status: Any, highspy: Any, what: str) -> None:
+    if status == highspy.HighsStatus.kError:
+        raise SolverError(f"HiGHS {what} failed")
+
+
+def _pass_model(h: Any, highspy: Any, problem: HighsProblem, is_mip: bool) -> None:
+    A = sp.csc_matrix(problem.A)
+    A.sort_indices()
+    num_row, num_col = A.shape
+    integrality = np.zeros(num_col, dtype=np.int32)
+    if is_mip and problem.integrality is not None:
+        integrality[np.asarray(problem.integrality, dtype=bool)] = 1  # kInteger
+    # the array overload of passModel avoids building a HighsLp attribute by attribute
+    status = h.passModel(
+        int(num_col),
+        int(num_row),
+        int(A.nnz),
+        int(highspy.MatrixFormat.kColwise),
+        int(highspy.ObjSense.kMinimize),
+        float(problem.offset),
+        np.ascontiguousarray(problem.cost, dtype=np.float64),
+        np.ascontiguousarray(problem.col_lower, dtype=np.float64),
+        np.ascontiguousarray(problem.col_upper, dtype=np.float64),
+        np.ascontiguousarray(problem.row_lower, dtype=np.float64),
+        np.ascontiguousarray(problem.row_upper, dtype=np.float64),
+        np.ascontiguousarray(A.indptr, dtype=np.int32),
+        np.ascontiguousarray(A.indices, dtype=np.int32),
+        np.ascontiguousarray(A.data, dtype=np.float64),
+        integrality,
+    )
+    _check(status, highspy, "passModel")
+
+
+def _attach_progress(
+    h: Any,
+    progress: ProgressHook,
+    interval: float,
+    t0: float,
+    is_mip: bool,
+    errors: list[BaseException],
+) -> None:
+    last = [-math.inf]
+
+    def report(incumbent: float | None, bound: float | None, phase: str, force: bool) -> None:
+        now = time.perf_counter() - t0
+        if not force and now - last[0] < interval:
+            return
+        last[0] = now
+        try:
+            progress(now, incumbent, bound, phase)
+        except BaseException as exc:  # never let a user callback unwind through C++
+            errors.append(exc)
+
+    def finite(v: float) -> float | None:
+        return float(v) if math.isfinite(v) else None
+
+    def on_improving(e: Any) -> None:
+        out = e.data_out
+        report(finite(out.objective_function_value), finite(out.mip_dual_bound), "incumbent", True)
+
+    def on_interrupt(e: Any) -> None:
+        out = e.data_out
+        report(finite(out.mip_primal_bound), finite(out.mip_dual_bound), "branch-and-bound", False)
+        if errors:
+            e.interrupt()
+
+    def on_lp(e: Any) -> None:
+        report(None, None, "LP", False)
+        if errors:
+            e.interrupt()
+
+    if is_mip:
+        h.cbMipImprovingSolution.subscribe(on_improving)
+        h.cbMipInterrupt.subscribe(on_interrupt)
+    else:
+        h.cbSimplexInterrupt.subscribe(on_lp)
+        h.cbIpmInterrupt.subscribe(on_lp)
+
+
+def _result(h: Any, highspy: Any, is_mip: bool, seconds: float) -> HighsResult:
+    ms = h.getModelStatus()
+    name = ms.name if hasattr(ms, "name") else str(ms).split(".")[-1]
+    if name not in STATUS_TABLE:
+        raise SolverError(f"HiGHS ended with status {h.modelStatusToString(ms)!r} ({name})")
+    mapped = STATUS_TABLE[name]
+    info = h.getInfo()
+    has_x = int(info.primal_solution_status) == int(highspy.kSolutionStatusFeasible)
+    x = np.array(h.getSolution().col_value, dtype=np.float64) if has_x else None
+    objective = float(info.objective_function_value) if has_x else None
+    if is_mip:
+        bound: float | None = float(info.mip_dual_bound)
+        gap: float | None = float(info.mip_gap) if has_x else None
+    else:
+        bound = objective if name == "kOptimal" else None
+        gap = None
+    if bound is not None and not math.isfinite(bound):
+        bound = None
+    if gap is not None and not math.isfinite(gap):
+        gap = None
+    if mapped is None:
+        mapped = Status.FEASIBLE if has_x else Status.NO_SOLUTION
+    elif mapped == Status.OPTIMAL and not has_x:
+        if name == "kModelEmpty":
+            x = np.zeros(0)
+        else:
+            raise SolverError("HiGHS reported optimal without a primal solution")
+    stats = {
+        "simplex_iterations": int(info.simplex_iteration_count),
+        "ipm_iterations": int(info.ipm_iteration_count),
+        "mip_nodes": int(info.mip_node_count) if is_mip else 0,
+    }
+    return HighsResult(mapped, x, objective, bound, gap, name, seconds, stats)

@@ -1,0 +1,233 @@
+"""The Checkmate MILP: hand-solved known answers, the formulation against the simulator,
+warm starts, time limits and the HiGHS boundary."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solvers import Graph, Schedule, SolverError, Status, highs, keep_all_peak, schedule_from_order, validate
+from solvers.result import SolveProgress, SolveResult
+from solvers.schedule import schedule_from_rs, simulate
+from solvers.stages import complete_rs, rs_cost, s_from_schedule, stage_memory
+from solvers.strategies import get_strategy
+from solvers.strategies.ilp import (
+    encode,
+    formulate,
+    max_violation,
+    problem_of,
+    solve_ilp,
+    warm_start_vector,
+)
+from tests.graphs import chain
+
+LIMIT = 30.0  # seconds per solve: every test passes a time limit
+
+
+def sched(res: SolveResult) -> Schedule:
+    """The result's schedule (failing the test when there is none)."""
+    assert res.schedule is not None, f"{res.strategy}: {res.status}, no schedule"
+    return res.schedule
+
+
+def training_chain3(nonrec: tuple[int, ...] = ()) -> Graph:
+    """f0 -> f1 -> f2 -> b2 -> b1 -> b0, b1 reads f1, b0 reads f0; unit cost and size."""
+    g = chain(3, training=True)
+    nodes = [
+        {"key": nd.key, "name": nd.name, "cost": nd.cost, "mem": nd.mem, "recomputable": nd.id not in nonrec}
+        for nd in g.nodes
+    ]
+    return Graph.build(nodes, [(g.nodes[u].key, g.nodes[v].key) for u, v in g.edges])
+
+
+def test_training_chain_known_answers() -> None:
+    g = training_chain3()
+    assert [nd.name for nd in g.nodes] == ["f0", "f1", "f2", "b2", "b1", "b0"]
+    # Only one topological order exists; keeping everything peaks at 4 (f0 f1 f2 b2 while
+    # computing b2), so budget 4 costs exactly the 6 computes.
+    assert keep_all_peak(g) == 4
+    res = solve_ilp(g, 4, time_limit=LIMIT)
+    assert res.status == Status.OPTIMAL and res.cost == 6
+    # Budget 3: at b2 one of f0, f1 must go. Dropping f1 fails (recomputing f1 for b1 needs
+    # f0, b2, f1, b1 = 4); dropping f0 works: recompute f0 after b1 (b1, f0, b0 = 3).
+    # So the optimum is 7, with f0 computed twice.
+    res = solve_ilp(g, 3, time_limit=LIMIT)
+    assert res.status == Status.OPTIMAL and res.cost == 7
+    sim = validate(g, sched(res), 3)
+    assert sim.compute_counts.tolist() == [2, 1, 1, 1, 1, 1]
+    assert res.lower_bound is not None and res.lower_bound <= 7 + 1e-6
+
+
+def test_non_recomputable_nodes_change_the_answer() -> None:
+    # f0 may not be recomputed: the only budget-3 schedule above is gone -> infeasible.
+    res = solve_ilp(training_chain3(nonrec=(0,)), 3, time_limit=LIMIT)
+    assert res.status == Status.INFEASIBLE
+    # f1 pinned instead: recomputing f0 is still allowed, so 7 stays optimal.
+    g = training_chain3(nonrec=(1,))
+    res = solve_ilp(g, 3, time_limit=LIMIT)
+    assert res.status == Status.OPTIMAL and res.cost == 7
+    validate(g, sched(res), 3)
+
+
+def test_diamond_needs_its_whole_width(diamond: Graph) -> None:
+    # a(4) -> b(2), c(3) -> d(1). d needs b and c; whichever of b, c comes second needs a:
+    # a + b + c = 9 at that moment whatever is recomputed. The cheap bound (a + c = 7) does
+    # not see this: the MILP itself must prove 7 and 8 infeasible.
+    for budget in (7, 8):
+        assert solve_ilp(diamond, budget, time_limit=LIMIT).status == Status.INFEASIBLE
+    res = solve_ilp(diamond, 9, time_limit=LIMIT)
+    assert res.status == Status.OPTIMAL and res.cost == 10 and res.peak == 9
+    res = solve_ilp(diamond, 6, time_limit=LIMIT)  # below the cheap bound
+    assert res.status == Status.INFEASIBLE and res.info["min_budget"] == 7
+
+
+def test_result_reports_build_and_model_size() -> None:
+    g = chain(8, training=True)
+    res = get_strategy("ilp")(g, int(0.6 * keep_all_peak(g)), time_limit=LIMIT)
+    assert res.status == Status.OPTIMAL and res.build_seconds > 0 and res.solve_seconds > 0
+    for key in ("mip_gap", "num_vars", "num_constraints", "num_binaries"):
+        assert key in res.info
+    assert res.info["num_vars"] > res.info["num_binaries"] > 0
+    assert res.cost == pytest.approx(res.info["objective"])  # decoded cost = MILP objective
+
+
+def test_build_is_vectorized() -> None:
+    # 400 nodes -> ~80k R, 80k S, 80k U and FREE columns; scalar loops would take minutes.
+    g = chain(200, training=True)
+    t0 = time.perf_counter()
+    model = formulate(g, keep_all_peak(g))
+    elapsed = time.perf_counter() - t0
+    assert model.num_vars > 200_000
+    assert elapsed < 10.0, f"building took {elapsed:.1f}s"
+
+
+@st.composite
+def dags(draw: st.DrawFn, max_n: int = 9) -> Graph:
+    n = draw(st.integers(1, max_n))
+    nodes = [
+        {
+            "key": i,
+            "cost": draw(st.integers(1, 5)),
+            "mem": draw(st.integers(1, 6)),
+            "recomputable": draw(st.booleans()) or draw(st.booleans()),
+        }
+        for i in range(n)
+    ]
+    edges = [
+        (i, j) for j in range(1, n) for i in range(j) if draw(st.integers(0, 9)) < (6 if i == j - 1 else 2)
+    ]
+    return Graph.build(nodes, edges)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dags(), st.integers(0, 2**32 - 1))
+def test_formulation_accounts_memory_like_the_simulator(g: Graph, seed: int) -> None:
+    # Any residency pattern, completed to (R, S): its MILP vector satisfies every row, its
+    # U equals the simulator's peak, and the MILP objective equals the simulated cost.
+    rng = np.random.default_rng(seed)
+    R, S = complete_rs(g, rng.random((g.n, g.n)) < rng.random())
+    sim = validate(g, schedule_from_rs(g, R, S))
+    assert stage_memory(g, R, S).peak == sim.peak
+    model = formulate(g, sim.peak)
+    x = encode(g, model, R, S)
+    assert x is not None
+    assert max_violation(model, x) < 1e-9
+    assert float(model.cost @ x) * model.cost_unit == pytest.approx(sim.cost)
+    assert rs_cost(g, R) == pytest.approx(sim.cost)
+    # one byte less and the same vector breaks a memory bound
+    if sim.peak > 0:
+        assert max_violation(formulate(g, sim.peak - 1), x) > 0
+
+
+def test_s_from_schedule_round_trips_and_rejects_out_of_order() -> None:
+    g = chain(5, training=True)
+    R, S = complete_rs(g, np.tri(g.n, k=-1, dtype=bool))
+    sched = schedule_from_rs(g, R, S)
+    stripped = Schedule(sched.steps)  # no matrices: recover S from the steps
+    S2 = s_from_schedule(g, stripped)
+    assert S2 is not None
+    assert np.array_equal(complete_rs(g, S2)[1], S)
+    # diamond computed as a, c, b, d: first computes out of id order -> no stage form
+    d = Graph.build(
+        [{"key": k, "cost": 1, "mem": 1} for k in "abcd"],
+        [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")],
+    )
+    assert s_from_schedule(d, schedule_from_order(d, [0, 2, 1, 3])) is None
+
+
+def test_warm_start_is_used_and_time_limit_keeps_the_incumbent() -> None:
+    g = chain(30, training=True)
+    budget = int(0.4 * keep_all_peak(g))
+    # a feasible heuristic-like schedule: the LP rounding's (any valid schedule would do)
+    from solvers.strategies.lp_rounding import solve_lp_rounding
+
+    heur = solve_lp_rounding(g, budget, time_limit=LIMIT)
+    assert heur.ok and heur.schedule is not None
+    model = formulate(g, budget)
+    assert warm_start_vector(g, model, Schedule(heur.schedule.steps)) is not None
+    res = solve_ilp(g, budget, time_limit=0.0, warm_start=Schedule(heur.schedule.steps))
+    assert res.info["warm_start"] is True
+    assert heur.cost is not None and res.cost is not None
+    assert res.status == Status.FEASIBLE and res.cost <= heur.cost
+    validate(g, sched(res), budget)
+    # no start and no time: nothing found, nothing invented
+    res = solve_ilp(g, budget, time_limit=0.0)
+    assert res.status == Status.NO_SOLUTION and res.schedule is None
+
+
+def test_warm_start_over_budget_is_skipped() -> None:
+    g = chain(6, training=True)
+    everything = schedule_from_order(g, range(g.n))
+    res = solve_ilp(g, int(0.7 * keep_all_peak(g)), time_limit=LIMIT, warm_start=everything)
+    assert res.info["warm_start"] is False
+    assert res.status == Status.OPTIMAL
+
+
+def test_progress_reports_incumbents() -> None:
+    g = chain(10, training=True)
+    seen: list[SolveProgress] = []
+    res = solve_ilp(g, int(0.5 * keep_all_peak(g)), time_limit=LIMIT, progress=seen.append)
+    assert res.status == Status.OPTIMAL
+    incumbents = [p.incumbent for p in seen if p.incumbent is not None]
+    assert incumbents and min(incumbents) == pytest.approx(res.cost)
+    assert all(p.strategy == "ilp" for p in seen)
+
+
+def test_relaxation_is_a_lower_bound() -> None:
+    g = chain(10, training=True)
+    budget = int(0.5 * keep_all_peak(g))
+    lp = solve_ilp(g, budget, time_limit=LIMIT, relax=True)
+    mip = solve_ilp(g, budget, time_limit=LIMIT)
+    assert lp.schedule is None and lp.lower_bound is not None
+    assert mip.cost is not None and g.total_cost <= lp.lower_bound <= mip.cost + 1e-6
+
+
+def test_highs_boundary_maps_statuses_and_wraps_errors() -> None:
+    g = training_chain3()
+    model = formulate(g, 2)  # below every op's working set: the MILP is infeasible
+    assert highs.solve(problem_of(model), time_limit=LIMIT).status == Status.INFEASIBLE
+    with pytest.raises(SolverError, match="option"):
+        highs.solve(problem_of(model), options={"no_such_option": 1})
+    with pytest.raises(SolverError, match="start vector"):
+        highs.solve(problem_of(model), start=np.zeros(3))
+    # a user progress callback that raises surfaces as that error, not a crash
+    big = formulate(chain(20, training=True), 10)
+
+    def boom(*_: object) -> None:
+        raise KeyError("stop")
+
+    with pytest.raises(KeyError):
+        highs.solve(problem_of(big), time_limit=LIMIT, progress=boom, progress_interval=0.0)
+
+
+def test_decoded_schedule_replays_exactly() -> None:
+    g = chain(8, training=True)
+    budget = int(0.45 * keep_all_peak(g))
+    res = solve_ilp(g, budget, time_limit=LIMIT)
+    assert res.ok and res.schedule is not None
+    sim = simulate(g, res.schedule)
+    assert sim.peak <= budget and sim.cost == res.cost

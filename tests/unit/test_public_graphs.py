@@ -1,0 +1,59 @@
+"""Known answers on the public Checkmate graphs (../shared/benchmarks/graphs).
+
+Two independent formulations in the literature (Checkmate's MILP, Moccasin's CP-SAT) agree
+on VGG16 at 0.9 of the keep-all peak: 1.0197x the no-recompute cost. VGG19 at 0.8 is about
+1.028x. VGG16 has no schedule at 0.8 (its largest op working set is 0.831 of the peak).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from solvers import InfeasibleBudgetError, Status, highs, keep_all_peak, solve, validate
+from solvers.strategies.ilp import formulate, problem_of, solve_ilp
+from solvers.strategies.lp_rounding import solve_lp_rounding
+from tests.graphs import public_graph
+from tests.unit.test_ilp import sched
+
+VGG16 = "VGG16_b256_224x224.json"
+VGG19 = "VGG19_b256_224x224.json"
+LIMIT = 120.0
+
+
+@pytest.mark.parametrize(
+    ("name", "frac", "ratio", "tol"), [(VGG16, 0.9, 1.0197, 5e-5), (VGG19, 0.8, 1.028, 1e-3)]
+)
+def test_milp_and_rounding_on_vgg(name: str, frac: float, ratio: float, tol: float) -> None:
+    g = public_graph(name)
+    res = solve(g, frac, "ilp", time_limit=LIMIT)
+    budget = res.budget
+    assert budget == int(frac * keep_all_peak(g))
+    assert res.status == Status.OPTIMAL
+    assert res.cost is not None and res.cost / g.total_cost == pytest.approx(ratio, abs=tol)
+    assert validate(g, sched(res), budget).peak <= budget
+    rounded = solve_lp_rounding(g, budget, time_limit=LIMIT)
+    assert rounded.ok and rounded.cost is not None
+    assert rounded.cost <= 1.10 * res.cost
+    validate(g, sched(rounded), budget)
+    # the LP objective is a lower bound on the optimum
+    assert rounded.lower_bound is not None and g.total_cost <= rounded.lower_bound <= res.cost
+
+
+def test_vgg16_at_80_percent_is_infeasible() -> None:
+    g = public_graph(VGG16)
+    with pytest.raises(InfeasibleBudgetError, match="every schedule needs at least"):
+        solve(g, 0.8, "ilp", time_limit=LIMIT)
+    res = solve(g, 0.8, "ilp", time_limit=LIMIT, raise_infeasible=False)
+    assert res.status == Status.INFEASIBLE
+    # the MILP on its own (no cheap bound in front of it) proves it too
+    model = formulate(g, int(0.8 * keep_all_peak(g)))
+    assert highs.solve(problem_of(model), time_limit=LIMIT).status == Status.INFEASIBLE
+
+
+def test_warm_started_milp_keeps_the_rounded_incumbent() -> None:
+    g = public_graph(VGG16)
+    budget = int(0.9 * keep_all_peak(g))
+    rounded = solve_lp_rounding(g, budget, time_limit=LIMIT)
+    res = solve_ilp(g, budget, time_limit=LIMIT, warm_start=rounded.schedule)
+    assert res.info["warm_start"] is True and res.status == Status.OPTIMAL
+    assert res.cost is not None and rounded.cost is not None and res.cost <= rounded.cost
