@@ -19,8 +19,8 @@ Methods (``MemoryTracker(method=...)``):
   weakref finalizer on the storage subtracts them when it is freed. Views share their base's
   storage, so they are never counted twice. Not seen: scratch space an op frees before it
   returns, storages made outside the dispatcher (``torch.tensor(data)``, Inductor kernels),
-  frees of memory live before. Note: ``torch.compile``d code does not run its compiled
-  graph under a dispatch mode, so this method measures such code in eager mode.
+  frees of memory live before. Do not use it on ``torch.compile``d code: under a dispatch
+  mode Dynamo runs such code eagerly, and (torch 2.13) keeps running it eagerly afterwards.
 - CUDA, whichever method: when CUDA memory was allocated during the run, the figure is
   ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()``, minus the bytes
   allocated before (the caching allocator's own count, rounded to its 512-byte blocks).

@@ -154,6 +154,8 @@ def test_compiled_code_runs_compiled_under_the_default_tracker() -> None:
     assert t.method == "allocator"
     assert calls == [1]  # the compiled graph ran, not an eager fallback
     assert t.peak >= 32 * 64 * 4  # at least the hidden activation
+    compiled(x).sum().backward()
+    assert calls == [1, 1]  # and still runs compiled afterwards
 
 
 def test_auto_falls_back_to_storages_inside_a_running_profiler() -> None:
