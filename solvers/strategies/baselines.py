@@ -62,7 +62,8 @@ def checkpoint_all(
     peak makes it OPTIMAL; otherwise NO_SOLUTION with the schedule attached.
     """
     t0 = time.perf_counter()
-    sched = schedule_from_order(graph, range(graph.n))
+    # every forward value kept: the generic routine runs each node once, in id order
+    sched = schedule_from_kept(graph, forward_ids(graph).tolist())
     return _result("checkpoint-all", graph, budget, sched, t0, {}, optimal=True)
 
 
