@@ -39,6 +39,7 @@ and ``peak_flops["float32"]`` for the rest. Views, ``getitem`` and placeholders 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from solvers.errors import CheckmateError
+from solvers.plan import atomic_write_text
 
 if TYPE_CHECKING:
     import torch
@@ -63,6 +65,8 @@ __all__ = [
     "profile_costs",
     "profile_id",
     "profiles_dir",
+    "measured_profile",
+    "save_profile",
 ]
 
 PROFILE_FORMAT = "checkmate-device-profile"
@@ -165,6 +169,19 @@ class DeviceProfile:
             "ops": dict(self.ops),
         }
 
+    def with_ops(self, ops: Mapping[str, float], *, name: str | None = None) -> DeviceProfile:
+        """A copy whose ``ops`` table also holds ``ops`` (which win over existing entries).
+
+        Args:
+            ops: op signature -> seconds (e.g. from :func:`checkmate.timing.measure_ops`).
+            name: a new name for the copy (default: keep the name).
+        """
+        bad = {k: v for k, v in ops.items() if not (math.isfinite(v) and v >= 0)}
+        if bad:
+            raise ProfileError(f"op times must be non-negative finite seconds; got {bad}")
+        merged = {**self.ops, **{str(k): float(v) for k, v in ops.items()}}
+        return dataclasses.replace(self, ops=merged, name=name or self.name, source=None)
+
     def fingerprint(self) -> str:
         """sha256 of the numbers (plans made with other numbers are not reused)."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
@@ -263,6 +280,47 @@ def load_profile(spec: str | Path | DeviceProfile) -> DeviceProfile:
     except json.JSONDecodeError as exc:
         raise ProfileError(f"device profile file {path} is not valid JSON: {exc}") from exc
     return DeviceProfile.from_dict(doc, where=str(path))
+
+
+def save_profile(profile: DeviceProfile, path: str | Path) -> Path:
+    """Write ``profile`` as version-1 JSON (atomically); :func:`load_profile` reads it back.
+
+    Returns:
+        The path written.
+    """
+    out = Path(path).expanduser()
+    atomic_write_text(out, json.dumps(profile.to_dict(), indent=2, sort_keys=False) + "\n")
+    return out
+
+
+def measured_profile(
+    gm: torch.fx.GraphModule,
+    nodes: Sequence[torch.fx.Node],
+    *,
+    device: torch.device | str,
+    base: str | Path | DeviceProfile,
+    name: str | None = None,
+) -> DeviceProfile:
+    """``base`` plus the measured times of the ops of ``nodes`` on ``device``.
+
+    Measure once on the machine that will train, save the result with :func:`save_profile`,
+    and plan with it anywhere: ops of the graph take their measured times, other ops the
+    roofline of ``base``.
+
+    Args:
+        gm: the graph module the nodes belong to.
+        nodes: fx nodes of a functionalized aten graph with ``meta['val']``.
+        device: the device to measure on.
+        base: the roofline numbers for ops not measured (a profile name, path or object).
+        name: the new profile's name (default: ``base``'s).
+
+    Raises:
+        ProfileError: ``base`` is unknown or malformed.
+    """
+    from checkmate.timing import measure_ops
+
+    prof = load_profile(base)
+    return prof.with_ops(measure_ops(gm, nodes, device=device), name=name)
 
 
 def profile_id(profile: str | Path | DeviceProfile | None, device: torch.device | str) -> str:

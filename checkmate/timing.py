@@ -44,6 +44,7 @@ __all__ = [
     "device_tag",
     "is_free",
     "measure_costs",
+    "measure_ops",
     "op_signature",
     "time_callable",
 ]
@@ -320,6 +321,35 @@ def measure_costs(
         One cost per node, in order.
     """
     dev = torch.device(device)
+    table = measure_ops(gm, nodes, device=dev)
+    costs = []
+    for node in nodes:
+        if is_free(node):
+            costs.append(0.0)
+            continue
+        sig = op_signature(node)
+        costs.append(table[sig] if sig in table else _fallback_estimate(node, dev))
+    return costs
+
+
+def measure_ops(
+    gm: torch.fx.GraphModule,
+    nodes: Sequence[torch.fx.Node],
+    *,
+    device: torch.device | str,
+) -> dict[str, float]:
+    """Measured seconds per op signature of the nodes that do work (the ``ops`` table format).
+
+    Args:
+        gm: the graph module the nodes belong to (for ``get_attr`` constants).
+        nodes: fx nodes of a functionalized aten graph with ``meta['val']``.
+        device: the device to measure on.
+
+    Returns:
+        ``{op_signature(node): seconds}`` for every non-free node whose op could be run;
+        the others are left out and named in one ProfileWarning.
+    """
+    dev = torch.device(device)
     tag = device_tag(dev)
     persist = cache_enabled()
     path = cache_dir() / "op_times" / f"{tag}.json"
@@ -328,7 +358,7 @@ def measure_costs(
     if known is None:
         known = _read_cache(path) if persist else {}
         _MEMORY[key] = known
-    costs: list[float] = []
+    table: dict[str, float] = {}
     new: dict[str, float] = {}
     failed: dict[str, str] = {}
     pool = _Pool(dev)
@@ -336,30 +366,29 @@ def measure_costs(
     with torch.random.fork_rng(devices=rng_devices), torch.no_grad():
         for node in nodes:
             if is_free(node):
-                costs.append(0.0)
                 continue
             sig = op_signature(node)
+            if sig in table or sig in failed:
+                continue
             seconds = known.get(sig)
             if seconds is None:
                 try:
                     seconds = _measure_node(gm, node, pool)
-                except Exception as exc:  # any op failure: estimate instead, reported below
-                    failed.setdefault(str(node.target), f"{type(exc).__name__}: {exc}"[:200])
-                    seconds = _fallback_estimate(node, dev)
-                else:
-                    known[sig] = new[sig] = seconds
-            costs.append(seconds)
+                except Exception as exc:  # any op failure: reported below, estimated by the caller
+                    failed[sig] = f"{node.target} ({type(exc).__name__}: {exc}"[:200] + ")"
+                    continue
+                known[sig] = new[sig] = seconds
+            table[sig] = seconds
     if new and persist:
         _write_cache(path, tag, new)
     if failed:
-        listing = "; ".join(f"{op} ({why})" for op, why in failed.items())
         warnings.warn(
-            f"{len(failed)} op kind(s) could not be run on {dev} and were estimated from a device profile "
-            f"instead: {listing}",
+            f"{len(failed)} op(s) could not be run on {dev}; their costs are estimated from a device "
+            f"profile instead: {'; '.join(failed.values())}",
             ProfileWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
-    return costs
+    return table
 
 
 def _measure_node(gm: torch.fx.GraphModule, node: torch.fx.Node, pool: _Pool) -> float:

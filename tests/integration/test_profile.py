@@ -19,7 +19,15 @@ from torch._functorch.partitioners import default_partition
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from checkmate import timing
-from checkmate.profile import DeviceProfile, ProfileError, load_profile, profile_costs, profile_id
+from checkmate.profile import (
+    DeviceProfile,
+    ProfileError,
+    load_profile,
+    measured_profile,
+    profile_costs,
+    profile_id,
+    save_profile,
+)
 from checkmate.timing import ProfileWarning, is_free, op_signature
 
 pytestmark = pytest.mark.torch
@@ -259,6 +267,21 @@ def test_an_op_that_cannot_run_is_estimated_with_a_warning() -> None:
     with pytest.warns(ProfileWarning, match=r"aten\.mm\.default .*LookupError"):
         (cost,) = profile_costs(gm, [node], profile=None, device="cpu")
     assert cost > 0
+
+
+def test_a_measured_profile_plans_like_the_measurement_elsewhere(
+    cnn_graph: torch.fx.GraphModule, tmp_path: Path, one_thread: None
+) -> None:
+    nodes = list(cnn_graph.graph.nodes)
+    measured = profile_costs(cnn_graph, nodes, profile=None, device="cpu")
+    prof = measured_profile(cnn_graph, nodes, device="cpu", base="h100", name="my-box")
+    path = save_profile(prof, tmp_path / "my-box.json")
+    # Read back on "another machine": every op takes its measured time, not the H100 roofline.
+    assert profile_costs(cnn_graph, nodes, profile=path, device="cpu") == measured
+    assert load_profile(path).name == "my-box"
+    assert load_profile(path).peak_flops == load_profile("h100").peak_flops
+    with pytest.raises(ProfileError, match="non-negative finite"):
+        prof.with_ops({"aten.mm.default()": -1.0})
 
 
 def test_profiling_a_500_op_graph_takes_seconds() -> None:
