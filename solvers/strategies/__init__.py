@@ -60,6 +60,10 @@ STRATEGIES: dict[str, tuple[str, str]] = {
         "solvers.strategies.coop:coop",
         "Coop (Zhang et al. 2023): DTR evicting the cheapest contiguous window of an address-ordered pool",
     ),
+    "poet": (
+        "solvers.strategies.poet:solve_poet",
+        "POET (Patil et al. 2022): the MILP with paging to host memory (options bandwidth, latency, profile)",
+    ),
     "cpsat": (
         "solvers.strategies.cpsat:solve_cpsat",
         "Moccasin (Bartan et al. 2023): retention intervals, cumulative memory, OR-Tools CP-SAT",
