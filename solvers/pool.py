@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from solvers.graph import Graph
-from solvers.schedule import COMPUTE, Schedule, Step
+from solvers.schedule import COMPUTE, FREE, PAGEIN, Schedule, Step
 
 __all__ = ["POLICIES", "Block", "MemoryPool", "PoolStats", "pool_stats"]
 
@@ -239,13 +239,14 @@ def pool_stats(graph: Graph, schedule: Schedule | Sequence[Step], policy: str = 
     mem = graph.mem.tolist()
     for s, (op, i) in enumerate(steps):
         pool.clock = s
-        if op == COMPUTE:
+        if op in (COMPUTE, PAGEIN):  # a page-in allocates like a compute
             pool.allocate(i, mem[i])
-        else:
+        elif op == FREE:
             try:
                 pool.release(i)
             except KeyError:
                 raise ValueError(f"step {s} frees node {i}, which holds no memory") from None
+        # a page-out copies to the host: the device block stays until its free
     return PoolStats(
         policy=policy,
         peak_reserved=pool.peak_reserved,

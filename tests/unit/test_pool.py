@@ -90,6 +90,24 @@ def test_pool_stats_of_a_uniform_chain_has_no_fragmentation() -> None:
     assert stats.fragmentation == 0 and stats.overhead == 0.0
 
 
+def test_pool_stats_follows_paging_steps() -> None:
+    g = chain(3)
+    steps = (
+        ("compute", 0),
+        ("pageout", 0),  # the device copy stays until the free
+        ("free", 0),
+        ("pagein", 0),  # allocates again
+        ("compute", 1),
+        ("free", 0),
+        ("compute", 2),
+        ("free", 1),
+        ("free", 2),
+    )
+    stats = pool_stats(g, steps)
+    assert stats.peak_allocated == simulate(g, steps).peak == 2
+    assert stats.allocations == 4
+
+
 def test_pool_stats_reports_dtr_fragmentation_that_coop_avoids() -> None:
     g = public_graph("MobileNet_b512_224x224.json")
     budget = int(0.3 * keep_all_peak(g))
