@@ -121,7 +121,7 @@ def summary_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
     else:
         rows.append(("cost", num(cost)))
     if lb is not None:
-        gap = f", gap {cost / lb - 1:.2%}" if cost is not None and lb > 0 else ""
+        gap = f", gap {_gap_value(cost, lb):.2%}" if cost is not None and lb > 0 else ""
         ratio = f" = {lb / total:.4f}x" if total else ""
         rows.append(("lower bound", f"{num(lb)}{ratio}{gap}"))
     else:
@@ -183,7 +183,7 @@ def table(title: str | None, header: Sequence[str], rows: Sequence[Sequence[str]
         table.add_row(*r)
     buf = io.StringIO()
     Console(file=buf, width=max(100, 12 * len(header)), highlight=False, no_color=True).print(table)
-    click.echo(buf.getvalue().rstrip("\n"))
+    click.echo("\n".join(line.rstrip() for line in buf.getvalue().rstrip("\n").splitlines()))
 
 
 def recomputed_rows(doc: dict[str, Any], graph: Any, top: int) -> list[list[str]]:
@@ -237,7 +237,14 @@ def ratio(a: float | None, b: float | None, unit: str) -> str:
 
 
 def gap(cost: float | None, lb: float | None) -> str:
-    return "-" if cost is None or not lb else f"{cost / lb - 1:.2%}"
+    """``cost / lb - 1`` as a percentage; "-" when unknown."""
+    return "-" if cost is None or not lb else f"{_gap_value(cost, lb):.2%}"
+
+
+def _gap_value(cost: float, lb: float) -> float:
+    g = cost / lb - 1.0
+    # a solver's bound may exceed its optimum by its tolerance: not a negative gap worth showing
+    return 0.0 if -1e-6 < g < 0 else g
 
 
 def sweep_point(g: Any, strategy: str, spec: str, time_limit: float | None, quiet: bool) -> dict[str, Any]:
