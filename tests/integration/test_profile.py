@@ -286,7 +286,7 @@ def test_a_measured_profile_plans_like_the_measurement_elsewhere(
 
 def test_profiling_a_500_op_graph_takes_seconds() -> None:
     torch.manual_seed(0)
-    layers = [nn.TransformerEncoderLayer(64, 4, 128, batch_first=True, norm_first=True) for _ in range(4)]
+    layers = [nn.TransformerEncoderLayer(64, 4, 128, batch_first=True, norm_first=True) for _ in range(3)]
     gm = joint_graph(nn.Sequential(*layers), torch.randn(8, 32, 64))
     nodes = list(gm.graph.nodes)
     assert len(nodes) >= 500
@@ -294,5 +294,6 @@ def test_profiling_a_500_op_graph_takes_seconds() -> None:
     start = time.perf_counter()
     costs = profile_costs(gm, nodes, profile=None, device="cpu")
     elapsed = time.perf_counter() - start
+    print(f"profiled {len(nodes)} nodes in {elapsed:.2f} s")
     assert elapsed < 20.0, f"profiling {len(nodes)} nodes took {elapsed:.1f} s"
     assert sum(costs) > 0
