@@ -160,7 +160,7 @@ def solve(
         opts: dict[str, Any] = {"progress": progress} if report.accepts_progress(strategy) else {}
         res = solve_graph(g, budget, strategy, time_limit=time_limit, **opts)
     wall = time.perf_counter() - start
-    doc = report.result_doc(g, res)
+    doc = report.result_doc(g, res, time_limit)
     report.echo_rows([*report.summary_rows(doc), ("wall", f"{wall:.2f} s")])
     if not res.ok:
         why = "time limit reached without a schedule" if res.status == Status.NO_SOLUTION else str(res.status)

@@ -151,12 +151,13 @@ def echo_rows(rows: Sequence[tuple[str, str]]) -> None:
         kv(k, v)
 
 
-def result_doc(graph: Any, res: SolveResult) -> dict[str, Any]:
+def result_doc(graph: Any, res: SolveResult, time_limit: float | None = None) -> dict[str, Any]:
     """A plan-like document for a result (with or without a schedule)."""
     from solvers.plan import plan_to_dict
 
     if res.schedule is not None:
-        return plan_to_dict(graph, res)
+        # a traced graph names the device profile its costs came from
+        return plan_to_dict(graph, res, profile_id=str(graph.meta.get("profile", "")), time_limit=time_limit)
     return {
         "strategy": res.strategy,
         "status": str(res.status),

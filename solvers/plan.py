@@ -15,8 +15,11 @@ graphs, the ``name`` of the random layered ones. Extra fields (all optional for 
 the first of each node), ``decisions`` (one entry per node: ``{"id", "name", "computes",
 "checkpoint"}``; ``checkpoint`` = the output is kept across a stage boundary), ``stages``
 (``{"R": [[node_id, ...] per stage], "S": [...]}`` when the strategy had Checkmate's (R, S)
-matrices), and ``checksum`` (``"sha256:<hex>"`` of the canonical JSON of every other field,
-added by :func:`write_plan`: a file edited by hand no longer matches and is rejected).
+matrices), ``profile_id`` (the device profile the costs came from), ``time_limit`` (of the
+search that made it), ``cache_key`` and ``key_parts`` (written by the plan cache,
+:mod:`checkmate.cache`), and ``checksum`` (``"sha256:<hex>"`` of the canonical JSON of every
+other field, added by :func:`write_plan`: a file edited by hand no longer matches and is
+rejected).
 """
 
 from __future__ import annotations
