@@ -7,7 +7,7 @@ Inf from log/sqrt/division, which could hit slow paths), integer and bool tensor
 
 Timing: on CPU, ``time.perf_counter`` around batches of calls (batches of ~0.2 ms, so that
 microsecond ops are not drowned in timer noise), two warm-up calls, the median of a few
-batches; ops slower than 20 ms are timed once after the warm-up. On CUDA the same with CUDA
+batches; ops slower than 20 ms are timed once after the warm-up call. On CUDA the same with CUDA
 events. The global RNG state is restored afterwards, so profiling does not change the
 random numbers a model draws later.
 
@@ -229,10 +229,8 @@ def time_callable(fn: Callable[[], Any], device: torch.device | str) -> float:
     t0 = time.perf_counter()
     fn()
     once = time.perf_counter() - t0
-    if once > _SLOW_SECONDS:
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
+    if once > _SLOW_SECONDS:  # long enough to time once: repeats would cost seconds per op
+        return once
     inner = max(1, min(200, int(_BATCH_SECONDS / max(once, 1e-7))))
     repeats = _REPEATS if once < _SLOW_SECONDS / 4 else 3
     samples = []
