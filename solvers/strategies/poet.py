@@ -39,11 +39,9 @@ where the no-paging MILP is infeasible.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,8 +50,9 @@ import scipy.sparse as sp
 
 from solvers import highs
 from solvers.api import memory_lower_bound
-from solvers.errors import CheckmateError, ScheduleError, SolverError
+from solvers.errors import ScheduleError, SolverError
 from solvers.graph import Graph
+from solvers.hostlink import HostLink, host_link
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
 from solvers.schedule import COMPUTE, FREE, PAGEIN, PAGEOUT, Schedule, Step, schedule_from_order, simulate
 from solvers.stages import complete_rs, s_from_schedule
@@ -74,86 +73,6 @@ __all__ = [
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 BoolMatrix = npt.NDArray[np.bool_]
-
-_PROFILES = Path(__file__).resolve().parents[2] / "profiles"
-_DEFAULT_PROFILE = "h100"
-
-
-@dataclass(frozen=True)
-class HostLink:
-    """The host <-> device link: a transfer of b bytes takes ``latency + b / bandwidth``.
-
-    Attributes:
-        bandwidth: bytes per graph cost unit (bytes/s for graphs profiled in seconds);
-            ``math.inf`` for free bandwidth.
-        latency: graph cost units per transfer.
-        source: where the numbers came from (a profile name, or "options").
-    """
-
-    bandwidth: float
-    latency: float = 0.0
-    source: str = "options"
-
-    def time(self, nbytes: int) -> float:
-        """Cost of moving ``nbytes`` in either direction."""
-        return self.latency + (nbytes / self.bandwidth if nbytes else 0.0)
-
-
-def host_link(
-    graph: Graph,
-    *,
-    bandwidth: float | None = None,
-    latency: float | None = None,
-    profile: str | Path | None = None,
-) -> HostLink:
-    """The host link to plan with: explicit numbers, else a device profile's.
-
-    The profile is ``profile`` (a name in ``profiles/`` or a JSON path), else the one the
-    graph was profiled with (``graph.meta["profile"] = "profile:NAME:..."``), else
-    ``cpu`` for graphs measured on a CPU, else ``h100``. Profile numbers are in seconds
-    and bytes/s, so they fit graphs whose costs are seconds. ``bandwidth`` and
-    ``latency`` override the profile's.
-
-    Raises:
-        CheckmateError: the profile is unknown or lacks ``host_bandwidth``; a number is
-            negative, or the bandwidth is zero.
-    """
-    name = str(profile) if profile is not None else _profile_of(graph)
-    bw, lat, source = bandwidth, latency, "options"
-    if bw is None or lat is None:
-        doc = _read_profile(name)
-        bw = float(doc["host_bandwidth"]) if bw is None else bw
-        lat = float(doc.get("host_latency", 0.0)) if lat is None else lat
-        source = f"profile {name}"
-    if not (bw > 0) or not (lat >= 0):
-        raise CheckmateError(
-            f"poet: host bandwidth must be > 0 and latency >= 0 (got bandwidth={bw}, latency={lat})"
-        )
-    return HostLink(float(bw), float(lat), source)
-
-
-def _profile_of(graph: Graph) -> str:
-    tag = str(graph.meta.get("profile", ""))
-    if tag.startswith("profile:"):
-        return tag.split(":")[1]
-    if tag.startswith("measured:") and tag.endswith("-cpu"):
-        return "cpu"
-    return _DEFAULT_PROFILE
-
-
-def _read_profile(name: str) -> dict[str, Any]:
-    path = Path(name) if name.endswith(".json") else _PROFILES / f"{name}.json"
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        known = ", ".join(sorted(p.stem for p in _PROFILES.glob("*.json")))
-        raise CheckmateError(
-            f"poet: cannot read device profile {name!r} ({exc}); use one of: {known}, a JSON path, "
-            "or pass bandwidth= and latency="
-        ) from None
-    if "host_bandwidth" not in doc:
-        raise CheckmateError(f"poet: device profile {name!r} has no host_bandwidth; pass bandwidth=")
-    return dict(doc)
 
 
 @dataclass(frozen=True)
@@ -411,6 +330,7 @@ def solve_poet(
     threads: int | None = None,
     progress: ProgressFn | None = None,
     heuristic_effort: float = 0.2,
+    presolve: bool = True,
     log: bool = False,
 ) -> SolveResult:
     """Solve the POET MILP with HiGHS (strategy ``"poet"``).
@@ -429,6 +349,10 @@ def solve_poet(
         progress: called with :class:`SolveProgress` (incumbent and bound are compute +
             transfer cost).
         heuristic_effort: HiGHS ``mip_heuristic_effort``.
+        presolve: run HiGHS presolve. HiGHS 1.15's MIP presolve can cut off the optimum and
+            report a worse point as optimal (seen on a 10-node model whose transfers cost
+            ~100x an op, cf. ERGO-Code/HiGHS issues #2900, #3094); False avoids that at
+            some speed.
         log: print HiGHS's log.
 
     Returns:
@@ -477,6 +401,7 @@ def solve_poet(
         threads=threads,
         mip_heuristic_effort=heuristic_effort,
         start=start,
+        presolve=presolve,
         progress=_hook(progress, t0, milp.cost_unit),
         log=log,
     )
