@@ -96,10 +96,25 @@ def is_free(node: torch.fx.Node) -> bool:
 # --- signatures ------------------------------------------------------------------------
 
 
+def _get_attr(gm: torch.nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for atom in target.split("."):
+        obj = getattr(obj, atom)
+    return obj
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, torch.fx.Node):
         val = value.meta.get("val")
-        return _fmt(val) if val is not None else f"%{value.name}"
+        if val is not None:
+            return _fmt(val)
+        if value.op == "get_attr" and value.graph.owning_module is not None:
+            attr = _get_attr(value.graph.owning_module, str(value.target))
+            if isinstance(attr, torch.fx.GraphModule):
+                # Subgraphs of higher-order ops: same name in two graphs need not mean same code.
+                return "graph:" + hashlib.sha256(attr.code.encode()).hexdigest()[:12]
+            return _fmt(attr)
+        return f"%{value.name}"
     if isinstance(value, torch.Tensor):
         dtype = str(value.dtype).removeprefix("torch.")
         shape = ",".join(str(int(s)) for s in value.shape)
@@ -191,9 +206,7 @@ def _mutates(target: Any) -> bool:
 def _materialize(value: Any, gm: torch.fx.GraphModule, pool: _Pool, own: bool) -> Any:
     if isinstance(value, torch.fx.Node):
         if value.op == "get_attr":
-            obj: Any = gm
-            for atom in str(value.target).split("."):
-                obj = getattr(obj, atom)
+            obj = _get_attr(gm, str(value.target))
             return obj.to(pool.device) if isinstance(obj, torch.Tensor) else obj
         val = value.meta.get("val")
         if val is None:

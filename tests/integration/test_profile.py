@@ -284,6 +284,18 @@ def test_a_measured_profile_plans_like_the_measurement_elsewhere(
         prof.with_ops({"aten.mm.default()": -1.0})
 
 
+def test_constants_of_the_graph_module_are_used_and_named(one_thread: None) -> None:
+    const = torch.randn(16, 4)
+    gm = make_fx(lambda x: torch.mm(x, const))(torch.randn(8, 16))  # real mode keeps constants
+    (node,) = [n for n in gm.graph.nodes if n.target is aten.mm.default]
+    arg = node.args[1]
+    assert isinstance(arg, torch.fx.Node) and arg.op == "get_attr"
+    assert op_signature(node) == "aten.mm.default(float32[8,16], float32[16,4])"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ProfileWarning)
+        assert profile_costs(gm, [node], profile=None, device="cpu")[0] > 0
+
+
 def test_profiling_a_500_op_graph_takes_seconds() -> None:
     torch.manual_seed(0)
     layers = [nn.TransformerEncoderLayer(64, 4, 128, batch_first=True, norm_first=True) for _ in range(3)]
