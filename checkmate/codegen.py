@@ -18,6 +18,7 @@ The layout is the one AOTAutograd's partitioners produce: forward ``(primals...)
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -94,19 +95,47 @@ class _Emitter:
         self.env = env
         self.load = load  # backward: fetch a value computed in the forward
         self.computed: set[int] = set()
+        # the multi-output op run last: (joint op, its copy, outputs taken from the copy)
+        self.last: tuple[fx.Node, fx.Node, set[str]] | None = None
         self.group_nodes: dict[int, list[fx.Node]] = {}
         for name, g in jg.group.items():
             self.group_nodes.setdefault(g, []).append(by_name[name])
 
     def compute(self, i: int) -> None:
         """Emit graph node ``i`` (a fresh copy: earlier copies' views become stale)."""
-        owner = self.by_name[self.jg.members[i][0]]
         self.computed.add(i)
+        if not self.jg.members[i]:  # scratch space or the sink: nothing to run
+            return
+        name = self.jg.members[i][0]
+        owner = self.by_name[name]
         if owner.op == "placeholder":  # a tangent: an input of the backward module
             return
+        call = self.jg.calls.get(name)
+        if call is not None and owner in self.env and not self.jg.graph.nodes[i].recomputable:
+            return  # extracted when its random/mutating op ran (the op runs exactly once)
         for x in self.group_nodes.get(i, ()):
             self.env.pop(x, None)
-        self.env[owner] = self.graph.node_copy(owner, self.get)
+        if call is None:
+            self.env[owner] = self.graph.node_copy(owner, self.get)
+            self.last = None
+            return
+        op = self.by_name[call[0]]
+        if self.last is None or self.last[0] is not op or name in self.last[2]:
+            # run the op; outputs computed right after this one reuse the same run
+            self.last = (op, self.graph.node_copy(op, self.get), set())
+        _, run, taken = self.last
+        self.env[owner] = self.graph.call_function(operator.getitem, (run, call[1]))
+        self.env[owner].meta = dict(owner.meta)
+        taken.add(name)
+        if not self.jg.graph.nodes[i].recomputable:
+            # an op that may run only once: take every output now (later computes of its
+            # siblings find them in env)
+            for sib, (c, idx) in self.jg.calls.items():
+                if c == call[0] and sib != name:
+                    node = self.graph.call_function(operator.getitem, (run, idx))
+                    node.meta = dict(self.by_name[sib].meta)
+                    self.env[self.by_name[sib]] = node
+                    taken.add(sib)
 
     def get(self, n: fx.Node) -> fx.Node:
         """The current copy of joint node ``n``, recreating views on demand."""
@@ -126,7 +155,7 @@ class _Emitter:
         ):
             v = self.load(n)
         else:
-            if g is not None and self.jg.members[g][0] == n.name:
+            if g is not None and self.jg.members[g] == (n.name,):
                 raise AssertionError(f"the plan reads {n.name}, which is not resident")
             v = self.graph.node_copy(n, self.get)
         self.env[n] = v
@@ -163,7 +192,6 @@ def generate(gm: fx.GraphModule, jg: JointGraph, schedule: Schedule) -> SplitMod
     outputs = list(out_node.args[0])  # type: ignore[arg-type]
     computes = schedule.computes
     split = split_point(jg, schedule)
-    sink = jg.sink
 
     # forward
     fw = fx.Graph()
@@ -203,12 +231,25 @@ def generate(gm: fx.GraphModule, jg: JointGraph, schedule: Schedule) -> SplitMod
 
     bemit = _Emitter(jg, by_name, bw, benv, load=load)
     for i in computes[split:]:
-        if i != sink:
-            bemit.compute(i)
+        bemit.compute(i)
     bw_outs = [bemit.get(o) if isinstance(o, fx.Node) else o for o in outputs[jg.num_fwd_outputs :]]
     bw.output(tuple(bw_outs))
+    # mutated inputs (BatchNorm running statistics) are saved without AOTAutograd's version
+    # check, which would fail after the copy-back of their new value: such values go last
+    late = [k for k, n in enumerate(saved) if n.name in jg.mutated]
+    if late:
+        keep = [k for k in range(len(saved)) if k not in late] + late
+        saved = [saved[k] for k in keep]
+        saved_phs = [saved_phs[k] for k in keep]
+        anchor = tangent_phs[0] if tangent_phs else next(n for n in bw.nodes if n.op != "placeholder")
+        for ph in saved_phs:
+            anchor.prepend(ph)
 
-    fw.output(tuple(fw_outs + [femit.get(n) for n in saved]))
+    saved_fw = [femit.get(n) for n in saved]
+    for n, v in zip(saved, saved_fw):
+        if n.name in jg.mutated:
+            v.meta["saved_tensor_with_no_vc_check"] = True
+    fw.output(tuple(fw_outs + saved_fw))
     counts = schedule.compute_counts(jg.graph.n)
     return SplitModules(
         forward=_module(gm, fw),

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from checkmate.cache import cached_solve
 from checkmate.codegen import SplitModules, generate
@@ -110,6 +111,7 @@ class Planner:
             joint,
             num_fwd_outputs,
             lambda nodes: _costs(joint, nodes, self.profile, device),
+            scratch=_scratch_bytes,
             name=f"graph{len(self.records)}",
         )
         res = cached_solve(
@@ -164,6 +166,58 @@ def _costs(
     from checkmate.profile import profile_costs
 
     return profile_costs(gm, list(nodes), profile=profile, device=device)
+
+
+#: ops whose scratch space is measured (the ones known to need a lot on some backend)
+_SCRATCH_OPS = {
+    torch.ops.aten.convolution.default,
+    torch.ops.aten.convolution_backward.default,
+}
+_SCRATCH_CACHE: dict[str, int] = {}
+
+
+def _scratch_bytes(node: fx.Node) -> int:
+    """Scratch bytes ``node`` allocates beyond its outputs, measured once per signature by
+    running the op on random inputs of its traced shapes (0 for ops not in _SCRATCH_OPS)."""
+    if node.target not in _SCRATCH_OPS:
+        return 0
+    vals = fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
+    key = repr((node.target, torch.utils._pytree.tree_map(_describe, vals)))
+    if key not in _SCRATCH_CACHE:
+        with unset_fake_temporarily():  # the partitioner runs under AOTAutograd's fake mode
+            _SCRATCH_CACHE[key] = _measure_scratch(node, vals)
+    return _SCRATCH_CACHE[key]
+
+
+def _measure_scratch(node: fx.Node, vals: object) -> int:
+    from checkmate.memory import measure_peak
+
+    def real(x: object) -> object:
+        if isinstance(x, torch.Tensor):
+            if x.dtype.is_floating_point:
+                return torch.randn(x.shape, dtype=x.dtype, device=x.device)
+            return torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+        return x
+
+    args, kwargs = torch.utils._pytree.tree_map(real, vals)
+    out: list[object] = [None]
+
+    def run() -> None:
+        out[0] = node.target(*args, **kwargs)  # type: ignore[operator]
+
+    peak = measure_peak(run)
+    produced = sum(
+        t.untyped_storage().nbytes()
+        for t in torch.utils._pytree.tree_leaves(out[0])
+        if isinstance(t, torch.Tensor)
+    )
+    return max(int(peak) - int(produced), 0)
+
+
+def _describe(x: object) -> object:
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), str(x.dtype), str(x.device))
+    return x
 
 
 def _profile_id(profile: str | None, device: torch.device) -> str:

@@ -11,17 +11,20 @@ Modelling choices (the simulator's memory must match what the runtime allocates)
   ``detach``, ``_unsafe_view``, ...) share their base's storage: they are folded into the node
   that owns the base, so their bytes count once and a live view keeps its base alive. Views
   of placeholders belong to no node: they are free and recreated wherever they are read.
-- A multi-output op (``native_layer_norm``, ``native_dropout``, ...) is one node holding
-  the bytes of all its outputs; its ``getitem`` nodes are folded into it like views. This
-  over-counts an output that dies before its siblings (dropout's output outlives nothing but
-  is counted as long as its mask): conservative, never under the real peak. Splitting the
-  outputs into separate nodes would let a plan keep the tuple resident and "recompute" an
-  output for free, which the runtime cannot honour.
+- A multi-output op (``native_layer_norm``, ``native_batch_norm``, ``native_dropout``) is
+  one node per output it is read through (its ``getitem`` nodes), each holding that output's
+  bytes, reading the op's inputs and costing the whole op: outputs die independently (a
+  BatchNorm's small running statistics are held to the end of the step, its large output is
+  not), and recomputing any one output runs the op again. Codegen runs the op once for
+  outputs computed one after another. (The tuple is not a node: a plan could otherwise keep
+  it resident and "recompute" an output from it for free, which the runtime cannot honour.)
 - Primals (parameters, buffers, inputs) are not nodes: always resident, outside the
   budget. Tangents are: autograd allocates them when the backward starts; each is a
   zero-cost, non-recomputable backward node listed before the backward ops.
 - Random ops and ops that mutate an input are not recomputable. Forward outputs are not
   recomputable either: they are computed once in the forward and held by the caller.
+- An op that allocates scratch space while it runs (CPU convolutions need 1-3x their
+  output) gets a zero-cost node of that size computed right before it and read by it.
 - A final zero-cost sink node reads every output (forward outputs and gradients), so the
   simulator keeps them live until the step ends, as the caller does.
 - Backward nodes are the ops that depend on a tangent; node ids list every forward node
@@ -33,7 +36,8 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -45,6 +49,8 @@ __all__ = ["JointGraph", "build_graph", "is_view_op", "SINK"]
 
 #: key of the sink node that reads every output of the step
 SINK = "__outputs__"
+#: suffix of the key of an op's scratch-space node
+WORKSPACE = ".workspace"
 
 #: ops that alias their first input although their schema does not say so
 _EXTRA_VIEWS = {
@@ -68,6 +74,9 @@ class JointGraph:
             ``getitem`` nodes are recreated on demand and not listed).
         forward_required: graph node ids that must run in the forward (outputs, mutations).
         num_fwd_outputs: how many of the joint graph's outputs belong to the forward.
+        calls: for a node that is one output of a multi-output op, its ``getitem`` name ->
+            (the op's fx node name, the output's index).
+        mutated: names of the primals the step mutates (BatchNorm running statistics).
     """
 
     graph: Graph
@@ -75,6 +84,8 @@ class JointGraph:
     members: tuple[tuple[str, ...], ...]
     forward_required: frozenset[int]
     num_fwd_outputs: int
+    calls: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    mutated: frozenset[str] = frozenset()
 
     @property
     def sink(self) -> int:
@@ -109,6 +120,34 @@ def _writes_input(node: fx.Node) -> bool:
     return info is not None and info.is_write
 
 
+def _mutated_inputs(placeholders: Sequence[fx.Node], out_node: fx.Node) -> set[fx.Node]:
+    """Primals whose new value is a forward output (AOTAutograd's output descriptors)."""
+    idx = set()
+    for desc in out_node.meta.get("desc") or ():
+        inp = getattr(desc, "mutated_input", None)
+        if inp is not None and getattr(inp, "idx", None) is not None:
+            idx.add(inp.idx)
+    return {p for p in placeholders if getattr(p.meta.get("desc"), "idx", None) in idx}
+
+
+def _is_bn_training(node: fx.Node) -> bool:
+    return (
+        node.target is torch.ops.aten._native_batch_norm_legit_functional.default
+        and len(node.args) > 5
+        and node.args[5] is True
+    )
+
+
+def _root(node: fx.Node, base: dict[fx.Node, fx.Node | None]) -> fx.Node:
+    """The placeholder a view chain starts from (or the node itself)."""
+    while node.op == "call_function" and base.get(node) is None and node.args:
+        first = node.args[0]
+        if not isinstance(first, fx.Node):
+            break
+        node = first
+    return node
+
+
 def _is_random(node: fx.Node) -> bool:
     tags = getattr(node.target, "tags", ())
     return torch.Tag.nondeterministic_seeded in tags
@@ -136,6 +175,7 @@ def build_graph(
     num_fwd_outputs: int,
     costs: Callable[[Sequence[fx.Node]], Sequence[float]],
     *,
+    scratch: Callable[[fx.Node], int] | None = None,
     name: str = "",
 ) -> JointGraph:
     """Model the joint graph ``gm`` as a :class:`solvers.Graph`.
@@ -145,6 +185,8 @@ def build_graph(
         num_fwd_outputs: how many leading outputs are forward outputs (the rest are
             gradients), as the partitioner is told.
         costs: seconds per fx node for a list of compute nodes (e.g. a profiler).
+        scratch: bytes of scratch space an op allocates and frees while it runs (beyond
+            its outputs), or None to assume none.
         name: the graph's name.
 
     Returns:
@@ -162,9 +204,12 @@ def build_graph(
     flat_out = [o for o in outputs if isinstance(o, fx.Node)]
     fwd_outputs = [o for o in outputs[:num_fwd_outputs] if isinstance(o, fx.Node)]
 
+    mutated = _mutated_inputs(placeholders, out_node)
     backward: set[fx.Node] = set(tangents)
     base: dict[fx.Node, fx.Node | None] = {}  # fx node -> owner fx node (None: a placeholder's)
     owners: list[fx.Node] = []
+    call_of: dict[fx.Node, fx.Node] = {}  # getitem owner -> its multi-output call
+    multi: set[fx.Node] = set()
     for n in nodes:
         if n.op == "placeholder":
             # a tangent is allocated by autograd when the backward starts and dies at its
@@ -183,23 +228,32 @@ def build_graph(
         if any(a in backward for a in n.all_input_nodes):
             backward.add(n)
         first = n.args[0] if n.args else None
-        if (is_view_op(n) or n.target is operator.getitem) and isinstance(first, fx.Node):
-            # a view, or one output of a multi-output op: shares the owner's allocation
-            base[n] = base[first]
+        if n.target is operator.getitem and isinstance(first, fx.Node) and first in multi:
+            base[n] = n  # one output of a multi-output op: a node of its own
+            owners.append(n)
+            call_of[n] = first
+        elif (is_view_op(n) or n.target is operator.getitem) and isinstance(first, fx.Node):
+            base[n] = base[first]  # an alias: shares its base's allocation
+        elif isinstance(n.meta.get("val"), (tuple, list)) and any(
+            u.target is operator.getitem for u in n.users
+        ):
+            base[n] = None  # its outputs are the nodes (see the module docstring)
+            multi.add(n)
         else:
             base[n] = n
             owners.append(n)
 
     ordered = [o for o in owners if o not in backward] + [o for o in owners if o in backward]
     gid = {o: i for i, o in enumerate(ordered)}
-    seconds = dict(zip(ordered, costs(ordered)))
+    ops = [call_of.get(o, o) for o in ordered]
+    seconds = dict(zip(ordered, costs(ops)))
 
     preds: dict[fx.Node, set[int]] = {o: set() for o in ordered}
     for n in nodes:
         o = base.get(n)
         if n.op != "call_function" or o is None:
             continue
-        for a in n.all_input_nodes:
+        for a in call_of[n].all_input_nodes if n in call_of else n.all_input_nodes:
             b = base.get(a)
             if b is not None and b is not o:
                 preds[o].add(gid[b])
@@ -210,37 +264,80 @@ def build_graph(
         b = base.get(o)
         if b is not None:
             held.add(gid[b])
+    # an op reading an input the step mutates would read the new value if recomputed after
+    # the mutation: it runs once, in the forward (BatchNorm in training mode is the exception:
+    # its batch statistics and output do not depend on the running statistics it updates)
+    reads_mutated: set[fx.Node] = set()
     for o in owners:
-        if o not in backward and (_is_mutation(o) or _is_random(o)):
+        op = call_of.get(o, o)
+        if not _is_bn_training(op) and any(_root(a, base) in mutated for a in op.all_input_nodes):
+            reads_mutated.add(o)
+    for o in owners:
+        op = call_of.get(o, o)
+        if o not in backward and (_is_mutation(op) or _is_random(op) or o in reads_mutated):
             forward_required.add(gid[o])
     forward_required |= held
 
     graph_nodes = []
     for o in ordered:
-        fixed = o.op == "placeholder" or _is_mutation(o) or _is_random(o) or gid[o] in held
+        op = call_of.get(o, o)
+        fixed = (
+            o.op == "placeholder"
+            or _is_mutation(op)
+            or _is_random(op)
+            or gid[o] in held
+            or o in reads_mutated
+        )
         graph_nodes.append(
             {
                 "key": o.name,
                 "name": o.name,
                 "cost": max(float(seconds.get(o, 0.0)), 0.0),
-                "mem": 0 if _writes_input(o) else _tensor_bytes(o.meta.get("val")),
+                "mem": 0 if _writes_input(op) else _tensor_bytes(o.meta.get("val")),
                 "backward": o in backward,
                 "recomputable": not fixed,
-                "op": str(o.target),
+                "op": str(op.target),
             }
         )
+    # an op's scratch space (e.g. CPU convolutions) is a node computed right before it,
+    # read by it and dead right after: the simulator then counts it during the op only
+    order: list[str] = []
+    edges = [(ordered[p].name, o.name) for o in ordered for p in sorted(preds[o])]
+    for o in ordered:
+        extra = scratch(call_of.get(o, o)) if scratch is not None and o.op != "placeholder" else 0
+        if extra > 0:
+            w = f"{o.name}{WORKSPACE}"
+            spec = graph_nodes[gid[o]]
+            graph_nodes.append(
+                {
+                    "key": w,
+                    "name": w,
+                    "cost": 0.0,
+                    "mem": int(extra),
+                    "backward": spec["backward"],
+                    "recomputable": spec["recomputable"],
+                    "op": "workspace",
+                }
+            )
+            edges += [(ordered[p].name, w) for p in sorted(preds[o])] + [(w, o.name)]
+            order.append(w)
+        order.append(o.name)
     sink_reads = {gid[b] for o in flat_out if (b := base.get(o)) is not None}
     graph_nodes.append({"key": SINK, "name": SINK, "cost": 0.0, "mem": 0, "backward": True, "op": "output"})
-    edges = [(ordered[p].name, o.name) for o in ordered for p in sorted(preds[o])]
     edges += [(ordered[i].name, SINK) for i in sorted(sink_reads)]
-    order = [o.name for o in ordered] + [SINK]
+    order.append(SINK)
     graph = Graph.build(graph_nodes, edges, name=name, order=order)
-    group = {n.name: gid[b] for n, b in base.items() if b is not None}
-    members = (*((o.name,) for o in ordered), ())
+    final = {k: i for i, k in enumerate(order)}
+    fid = [final[o.name] for o in ordered]  # ordered position -> graph id
+    group = {n.name: fid[gid[b]] for n, b in base.items() if b is not None}
+    members = tuple((k,) if k in final and not k.endswith(WORKSPACE) and k != SINK else () for k in order)
+    calls = {o.name: (c.name, o.args[1]) for o, c in call_of.items()}
     return JointGraph(
         graph=graph,
         group=group,
         members=members,
-        forward_required=frozenset(forward_required),
+        forward_required=frozenset(fid[i] for i in forward_required),
         num_fwd_outputs=num_fwd_outputs,
+        calls=calls,
+        mutated=frozenset(p.name for p in mutated),
     )
