@@ -168,17 +168,3 @@ def test_auto_falls_back_to_storages_inside_a_running_profiler() -> None:
 def test_unknown_method_is_refused() -> None:
     with pytest.raises(ValueError, match="method must be"):
         MemoryTracker("magic")  # type: ignore[arg-type]
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_peak_uses_the_allocator_statistics() -> None:
-    def step() -> None:
-        a = torch.empty(4 * MB, dtype=torch.uint8, device="cuda")
-        b = torch.empty(2 * MB, dtype=torch.uint8, device="cuda")
-        del a, b
-
-    with MemoryTracker() as t:
-        step()
-    assert t.device == "cuda"
-    assert t.peak == 6 * MB
