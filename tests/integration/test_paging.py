@@ -28,8 +28,19 @@ Planner = Callable[[JointGraph], Schedule]
 BATCH = 64  # activations (BATCH x 32) outweigh the weight gradients: the plan must page them
 
 
-def _model() -> torch.nn.Module:
+def _model(kind: str = "mlp") -> torch.nn.Module:
     torch.manual_seed(0)
+    if kind == "dropout-norm":  # a random op (never recomputed) and a buffer mutation
+        return torch.nn.Sequential(
+            torch.nn.Linear(16, 32),
+            torch.nn.BatchNorm1d(32),
+            torch.nn.ReLU(),
+            torch.nn.Dropout(0.3),
+            torch.nn.Linear(32, 32),
+            torch.nn.LayerNorm(32),
+            torch.nn.Tanh(),
+            torch.nn.Linear(32, 4),
+        )
     return torch.nn.Sequential(
         torch.nn.Linear(16, 32),
         torch.nn.ReLU(),
@@ -41,7 +52,10 @@ def _model() -> torch.nn.Module:
     )
 
 
-def _run_paged(plan: Planner) -> tuple[list[PagedModules], list[torch.Tensor | None], torch.Tensor]:
+Step = tuple[torch.nn.Module, list[torch.Tensor | None], torch.Tensor]
+
+
+def _run_paged(plan: Planner, kind: str = "mlp") -> tuple[list[PagedModules], Step]:
     records: list[PagedModules] = []
 
     def partition(
@@ -57,7 +71,7 @@ def _run_paged(plan: Planner) -> tuple[list[PagedModules], list[torch.Tensor | N
     def as_is(gm: fx.GraphModule, _inputs: Sequence[Any]) -> fx.GraphModule:
         return gm
 
-    model = _model()
+    model = _model(kind)
     torch.manual_seed(1)
     x = torch.randn(BATCH, 16)
     compiled = torch.compile(
@@ -65,16 +79,16 @@ def _run_paged(plan: Planner) -> tuple[list[PagedModules], list[torch.Tensor | N
     )
     loss = compiled(x).square().mean()
     loss.backward()
-    return records, [p.grad for p in model.parameters()], loss.detach()
+    return records, (model, [p.grad for p in model.parameters()], loss.detach())
 
 
-def _eager() -> tuple[list[torch.Tensor | None], torch.Tensor]:
-    model = _model()
+def _eager(kind: str = "mlp") -> Step:
+    model = _model(kind)
     torch.manual_seed(1)
     x = torch.randn(BATCH, 16)
     loss = model(x).square().mean()
     loss.backward()
-    return [p.grad for p in model.parameters()], loss.detach()
+    return model, [p.grad for p in model.parameters()], loss.detach()
 
 
 @pytest.fixture(autouse=True)
@@ -96,8 +110,17 @@ def _count_page_outs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("which", ["page-everything", "poet-free-link", "poet-priced-link"])
-def test_paged_step_matches_eager(which: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("which", "kind"),
+    [
+        ("page-everything", "mlp"),
+        ("poet-free-link", "mlp"),
+        ("poet-priced-link", "mlp"),
+        ("page-everything", "dropout-norm"),
+        ("poet-priced-link", "dropout-norm"),
+    ],
+)
+def test_paged_step_matches_eager(which: str, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _count_page_outs(monkeypatch)
 
     def plan(jg: JointGraph) -> Schedule:
@@ -109,8 +132,8 @@ def test_paged_step_matches_eager(which: str, monkeypatch: pytest.MonkeyPatch) -
         assert res.ok and res.schedule is not None
         return res.schedule
 
-    want_grads, want_loss = _eager()
-    records, grads, loss = _run_paged(plan)
+    want_model, want_grads, want_loss = _eager(kind)
+    records, (model, grads, loss) = _run_paged(plan, kind)
     assert len(records) == 1
     rec = records[0]
     assert rec.paged, "the plan pages nothing across the boundary: the test proves nothing"
@@ -119,13 +142,15 @@ def test_paged_step_matches_eager(which: str, monkeypatch: pytest.MonkeyPatch) -
     for got, want in zip(grads, want_grads, strict=True):
         assert got is not None and want is not None
         assert torch.equal(got, want)  # same ops, same order: bitwise on CPU
+    for got, want in zip(model.buffers(), want_model.buffers(), strict=True):
+        assert torch.equal(got, want)  # BatchNorm statistics updated once, as in eager
 
 
 def test_rewritten_modules_copy_in_and_out() -> None:
     def plan(jg: JointGraph) -> Schedule:
         return page_all_schedule(jg.graph)
 
-    records, _, _ = _run_paged(plan)
+    records, _ = _run_paged(plan)
     rec = records[0]
     fw_targets = [n.target for n in rec.modules.forward.graph.nodes if n.op == "call_function"]
     bw_targets = [n.target for n in rec.modules.backward.graph.nodes if n.op == "call_function"]
