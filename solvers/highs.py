@@ -81,6 +81,8 @@ class HighsResult:
         model_status: HiGHS's own status name, for logs.
         seconds: wall time of the solve.
         info: iteration and node counts.
+        row_dual: the LP's row duals (None for MIPs or without a dual solution), in the
+            convention ``cost - A^T row_dual = reduced costs``.
     """
 
     status: Status
@@ -91,6 +93,7 @@ class HighsResult:
     model_status: str
     seconds: float
     info: Mapping[str, Any] = field(default_factory=dict)
+    row_dual: FloatArray | None = None
 
 
 def solve(
@@ -297,9 +300,12 @@ def _result(h: Any, highspy: Any, is_mip: bool, seconds: float) -> HighsResult:
             x = np.zeros(0)
         else:
             raise SolverError("HiGHS reported optimal without a primal solution")
+    row_dual = None
+    if not is_mip and int(info.dual_solution_status) == int(highspy.kSolutionStatusFeasible):
+        row_dual = np.array(h.getSolution().row_dual, dtype=np.float64)
     stats = {
         "simplex_iterations": int(info.simplex_iteration_count),
         "ipm_iterations": int(info.ipm_iteration_count),
         "mip_nodes": int(info.mip_node_count) if is_mip else 0,
     }
-    return HighsResult(mapped, x, objective, bound, gap, name, seconds, stats)
+    return HighsResult(mapped, x, objective, bound, gap, name, seconds, stats, row_dual)

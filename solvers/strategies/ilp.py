@@ -12,7 +12,8 @@ Formulation (frontier-advancing stages t = 0..n-1; stage t computes node t first
       U[t,k0] = Σ_i mem_i S[t,i] + mem_k0 R[t,k0]          (k0: the stage's first position)
       U[t,k]  = U[t,k'] - Σ_i mem_i FREE[t,i,k'] + mem_k R[t,k]   (k': the previous position)
 
-- ``FREE[t,i,p]`` (p in {i} ∪ succs(i), p < t): i is freed right after position p. The
+- ``FREE[t,i,p]`` (p in {i} ∪ succs(i), p < t): i is freed right after position p (if
+  p cannot be computed in stage t: before the next position that can). The
   paper defines it as ``R[t,p] (1 - S[t+1,i]) Π_{j in succs(i), j > p} (1 - R[t,j])`` and
   linearizes the product with a hazard count. Only upper bounds on FREE matter (freeing
   less is always allowed), so we write them as two families that are at least as tight:
@@ -31,7 +32,7 @@ Only variables that can be nonzero exist: ``R[t,i]`` (i < t) and ``S[t,i]`` only
 last stage that can still read i (``n-1`` if some consumer of i is recomputable, else its
 last consumer), none for nodes without consumers, no recomputation of non-recomputable
 nodes (whose S is pinned to 1 from their computation to their last consumer), and FREE
-only where its position can be computed. ``U`` shares R's positions. Everything is built
+only where its node can be present. ``U`` shares R's positions. Everything is built
 with vectorized numpy into one ``scipy.sparse`` matrix: no loop over (stage, node) pairs.
 """
 
@@ -152,6 +153,8 @@ class MilpModel:
         index: where each variable lives (decode needs only this).
         budget: the budget in bytes; ``mem_unit`` bytes are one unit of U.
         cost_unit: graph cost units per objective unit (objective * cost_unit = cost).
+        row_key: an id per row, the same for the same constraint in models of the same
+            graph with different supports (maps duals between them).
     """
 
     A: sp.csr_matrix
@@ -165,6 +168,8 @@ class MilpModel:
     budget: int
     mem_unit: float
     cost_unit: float
+    row_key: IntArray
+    num_edges: int
 
     @property
     def num_vars(self) -> int:
@@ -194,12 +199,51 @@ def _ranges(starts: IntArray, counts: IntArray) -> tuple[IntArray, IntArray]:
     return group, np.arange(total) - first[group] + starts[group]
 
 
-def formulate(graph: Graph, budget: int) -> MilpModel:
+def useful_masks(graph: Graph) -> tuple[BoolMatrix, BoolMatrix]:
+    """Where R and S can be nonzero in some optimal solution: ``(r_mask, s_mask)``.
+
+    ``R[t,i]`` off the diagonal and ``S[t,i]`` only for i < t up to the last stage that can
+    read i (``n-1`` if a consumer of i is recomputable, else its last consumer); no
+    recomputation of non-recomputable nodes.
+    """
+    n = graph.n
+    rc = graph.recomputable_mask
+    e = graph.edge_array
+    rc_succ = np.zeros(n, dtype=bool)
+    if len(e):
+        np.logical_or.at(rc_succ, e[:, 0], rc[e[:, 1]])
+    max_useful = np.where(rc_succ, n - 1, graph.last_use).astype(np.int64)
+    t_col = np.arange(n)[:, None]
+    i_row = np.arange(n)[None, :]
+    s_mask = (i_row < t_col) & (t_col <= max_useful[None, :])
+    r_mask = (i_row == t_col) | (s_mask & rc[None, :])
+    return r_mask, s_mask
+
+
+def liveness_masks(graph: Graph) -> tuple[BoolMatrix, BoolMatrix]:
+    """A restricted support: R and S of node i only while i is live in the keep-all
+    schedule (``i < t <= last_use[i]``). Contains the keep-all schedule; on the public
+    graphs it also contains an optimal LP solution (certified by :func:`lagrangian_bound`)."""
+    r_mask, s_mask = useful_masks(graph)
+    n = graph.n
+    live = np.arange(n)[:, None] <= graph.last_use[None, :]
+    return r_mask & (live | np.eye(n, dtype=bool)), s_mask & live
+
+
+def formulate(
+    graph: Graph,
+    budget: int,
+    support: tuple[npt.ArrayLike, npt.ArrayLike] | None = None,
+) -> MilpModel:
     """Build the Checkmate MILP for ``graph`` under ``budget`` bytes (see the module doc).
 
     Args:
         graph: the graph (ids in topological order).
         budget: memory budget in bytes.
+        support: optional ``(r_mask, s_mask)``, (n, n) bools: only these R and S exist
+            (intersected with :func:`useful_masks`; the diagonal of R and the pinned S of
+            non-recomputable nodes always exist). A restriction: its optimum is an upper
+            bound, its LP objective not a lower bound (see :func:`lagrangian_bound`).
 
     Returns:
         The model; ``model.index`` maps columns back to (R, S).
@@ -211,39 +255,40 @@ def formulate(graph: Graph, budget: int) -> MilpModel:
     e = e[np.lexsort((e[:, 1], e[:, 0]))]  # sorted by (src, dst): a node's edges are adjacent
     src, dst = e[:, 0], e[:, 1]
     num_e = len(e)
+    num_pairs = n + num_e
     mem_unit = float(budget) if budget > 0 else 1.0
     cost_unit = graph.total_cost / n if graph.total_cost > 0 else 1.0
     memu = mem / mem_unit
 
-    # the last stage that can read i: n-1 if a consumer can be recomputed, else the last
-    # consumer (i itself when it has none, leaving no R or S beyond its own stage)
-    rc_succ = np.zeros(n, dtype=bool)
-    np.logical_or.at(rc_succ, src, rc[dst])
-    max_useful = np.where(rc_succ, n - 1, graph.last_use).astype(np.int64)
-
-    # R (and U) positions: the diagonal, and recomputable i before its last useful stage
-    tt, ii = np.tril_indices(n)
-    keep = (tt == ii) | (rc[ii] & (tt <= max_useful[ii]))
-    r_t, r_i = tt[keep].astype(np.int64), ii[keep].astype(np.int64)
-    tt, ii = np.tril_indices(n, -1)
-    keep = tt <= max_useful[ii]
-    s_t, s_i = tt[keep].astype(np.int64), ii[keep].astype(np.int64)
+    r_mask, s_mask = useful_masks(graph)
+    t_col = np.arange(n)[:, None]
+    pinned_mask = (~rc & np.array([bool(x) for x in graph.succs], dtype=bool))[None, :] & (
+        (np.arange(n)[None, :] < t_col) & (t_col <= graph.last_use[None, :])
+    )
+    if support is not None:
+        r_mask = r_mask & (np.asarray(support[0], dtype=bool) | np.eye(n, dtype=bool))
+        s_mask = s_mask & (np.asarray(support[1], dtype=bool) | pinned_mask)
+    r_t, r_i = (a.astype(np.int64) for a in np.nonzero(r_mask))  # row-major: by stage, node
+    s_t, s_i = (a.astype(np.int64) for a in np.nonzero(s_mask))
     num_r, num_s = len(r_t), len(s_t)
     r_map = np.full((n, n), -1, dtype=np.int64)
     r_map[r_t, r_i] = np.arange(num_r)
     s_map = np.full((n, n), -1, dtype=np.int64)
     s_map[s_t, s_i] = np.arange(num_s)
-    # R[t, i] exists for t in [i, r_last[i]] (a contiguous range)
-    r_last = np.where(rc, max_useful, np.arange(n))
+    present = r_mask | s_mask
 
-    # FREE over pairs (i, p): pair q < n is (q, q); pair n + q is edge q. Stages (p, r_last[p]].
+    # FREE over pairs (i, p): pair q < n is (q, q); pair n + q is edge q. A column for each
+    # stage t > p where i can be present. Its memory row is that of the first position
+    # after p that the stage has (nothing happens in between when p itself is absent).
     pair_i = np.concatenate([np.arange(n), src])
     pair_p = np.concatenate([np.arange(n), dst])
-    f_count = r_last[pair_p] - pair_p
-    f_start = np.cumsum(f_count) - f_count
-    f_q, f_t = _ranges(pair_p + 1, f_count)
+    f_q, f_t = _ranges(pair_p + 1, n - 1 - pair_p)
+    ok = present[f_t, pair_i[f_q]]
+    f_q, f_t = f_q[ok], f_t[ok]
     f_i, f_p = pair_i[f_q], pair_p[f_q]
     num_f = len(f_t)
+    f_map = np.full((n, num_pairs), -1, dtype=np.int64)
+    f_map[f_t, f_q] = np.arange(num_f)
     index = RSIndex(n, r_t, r_i, s_t, s_i, f_t, f_i, f_p)
     S0, U0, F0 = index.s_off, index.u_off, index.f_off
 
@@ -252,12 +297,17 @@ def formulate(graph: Graph, budget: int) -> MilpModel:
     vals: list[FloatArray] = []
     lo: list[FloatArray] = []
     hi: list[FloatArray] = []
+    keys: list[IntArray] = []
     n_rows = 0
 
     def add(r: IntArray, c: IntArray, v: FloatArray | float) -> None:
         rows.append(r)
         cols.append(c)
         vals.append(np.broadcast_to(np.asarray(v, dtype=np.float64), r.shape))
+
+    def key(kind: int, t: IntArray, x: IntArray) -> None:
+        # identifies a row across models of the same graph (full vs restricted support)
+        keys.append((kind * n + t) * num_pairs + x)
 
     # --- memory recurrence, one row per U column (equality) ---------------------------
     ar = np.arange(num_r)
@@ -267,16 +317,21 @@ def formulate(graph: Graph, budget: int) -> MilpModel:
     add(ar, ar, -memu[r_i])
     first = np.searchsorted(r_t, np.arange(n))
     add(first[s_t], S0 + np.arange(num_s), -memu[s_i])
-    add(r_map[f_t, f_p] + 1, F0 + np.arange(num_f), memu[f_i])
+    # next_pos[t, p]: the first position after p in stage t (t itself at the latest)
+    cand = np.where(r_mask, np.arange(n)[None, :], n)
+    next_pos = np.minimum.accumulate(cand[:, ::-1], axis=1)[:, ::-1]
+    next_pos = np.concatenate([next_pos[:, 1:], np.full((n, 1), n)], axis=1)
+    add(r_map[f_t, next_pos[f_t, f_p]], F0 + np.arange(num_f), memu[f_i])
     lo.append(np.zeros(num_r))
     hi.append(np.zeros(num_r))
+    key(0, r_t, r_i)
     n_rows += num_r
 
     # --- release: Σ_p FREE[t,i,p] + S[t+1,i] - S[t,i] - R[t,i] <= 0 --------------------
-    present = np.zeros((n, n), dtype=bool)
-    present[f_t, f_i] = True
-    present[s_t - 1, s_i] = True
-    rel_t, rel_i = np.nonzero(present)
+    need = np.zeros((n, n), dtype=bool)
+    need[f_t, f_i] = True
+    need[s_t - 1, s_i] = True
+    rel_t, rel_i = np.nonzero(need)
     rel = np.full((n, n), -1, dtype=np.int64)
     rel[rel_t, rel_i] = n_rows + np.arange(len(rel_t))
     add(rel[f_t, f_i], F0 + np.arange(num_f), 1.0)
@@ -287,34 +342,40 @@ def formulate(graph: Graph, budget: int) -> MilpModel:
     add(rel[r_t[sel], r_i[sel]], sel, -1.0)
     lo.append(np.full(len(rel_t), -_INF))
     hi.append(np.zeros(len(rel_t)))
+    key(1, rel_t.astype(np.int64), rel_i.astype(np.int64))
     n_rows += len(rel_t)
 
     # --- not freed before a reader: Σ_{p < j} FREE[t,i,p] + R[t,j] <= 1 ----------------
     # one row per (edge q = (i, j), stage t with R[t,j]); terms: i's self pair and the
     # edges of i to consumers before j (edges are sorted by (src, dst))
-    b_count = r_last[dst] - dst + 1
-    b_q, b_tt = _ranges(dst, b_count)
+    b_q, b_t = _ranges(dst, n - dst)
+    ok = r_mask[b_t, dst[b_q]]
+    b_q, b_t = b_q[ok], b_t[ok]
+    b_id = np.full((n, max(num_e, 1)), -1, dtype=np.int64)
+    b_id[b_t, b_q] = np.arange(len(b_q))
     rank = np.arange(num_e) - np.searchsorted(src, src, side="left")
     tr_q, tr_k = _ranges(np.zeros(num_e, dtype=np.int64), rank + 1)
     tr_pair = np.where(tr_k == 0, src[tr_q], n + tr_q - rank[tr_q] + tr_k - 1)
     # expand each (edge, pair) term over the edge's stages, keep those with a FREE column
-    x_tr, x_t = _ranges(dst[tr_q], b_count[tr_q])
-    pq = tr_pair[x_tr]
-    ok = (f_count[pq] > 0) & (x_t > pair_p[pq]) & (x_t <= r_last[pair_p[pq]])
-    x_tr, x_t, pq = x_tr[ok], x_t[ok], pq[ok]
-    b_row_local = (np.cumsum(b_count) - b_count)[tr_q[x_tr]] + x_t - dst[tr_q[x_tr]]
+    x_tr, x_t = _ranges(dst[tr_q], n - dst[tr_q])
+    x_q, pq = tr_q[x_tr], tr_pair[x_tr]
+    x_row = b_id[x_t, x_q]
+    x_col = f_map[x_t, pq]
+    ok = (x_row >= 0) & (x_col >= 0)
+    x_row, x_col = x_row[ok], x_col[ok]
     used = np.zeros(len(b_q), dtype=bool)
-    used[b_row_local] = True
+    used[x_row] = True
     renum = np.cumsum(used) - 1 + n_rows
-    add(renum[b_row_local], F0 + f_start[pq] + x_t - pair_p[pq] - 1, 1.0)
+    add(renum[x_row], F0 + x_col, 1.0)
     ub = np.flatnonzero(used)
-    add(renum[ub], r_map[b_tt[ub], dst[b_q[ub]]], 1.0)
+    add(renum[ub], r_map[b_t[ub], dst[b_q[ub]]], 1.0)
     lo.append(np.full(len(ub), -_INF))
     hi.append(np.ones(len(ub)))
+    key(2, b_t[ub], b_q[ub])
     n_rows += len(ub)
 
     # --- dependencies: R[t,j] - R[t,i] - S[t,i] <= 0 for each edge i -> j ----------------
-    d_q, d_t = b_q, b_tt
+    d_q, d_t = b_q, b_t
     d_rows = n_rows + np.arange(len(d_q))
     add(d_rows, r_map[d_t, dst[d_q]], 1.0)
     ri = r_map[d_t, src[d_q]]
@@ -325,6 +386,7 @@ def formulate(graph: Graph, budget: int) -> MilpModel:
     add(d_rows[sel], S0 + si[sel], -1.0)
     lo.append(np.full(len(d_q), -_INF))
     hi.append(np.zeros(len(d_q)))
+    key(3, d_t, d_q)
     n_rows += len(d_q)
 
     A = sp.csr_matrix(
@@ -338,8 +400,7 @@ def formulate(graph: Graph, budget: int) -> MilpModel:
     col_lo = np.zeros(num_cols)
     col_hi = np.ones(num_cols)
     col_lo[np.flatnonzero(r_t == r_i)] = 1.0
-    pinned = ~rc[s_i] & (s_t <= graph.last_use[s_i])
-    col_lo[S0 + np.flatnonzero(pinned)] = 1.0
+    col_lo[S0 + np.flatnonzero(pinned_mask[s_t, s_i])] = 1.0
     col_hi[U0 : U0 + num_r] = budget / mem_unit
     cost = np.zeros(num_cols)
     cost[:num_r] = graph.cost[r_i] / cost_unit
@@ -357,6 +418,8 @@ def formulate(graph: Graph, budget: int) -> MilpModel:
         budget=int(budget),
         mem_unit=mem_unit,
         cost_unit=cost_unit,
+        row_key=np.concatenate(keys),
+        num_edges=num_e,
     )
 
 
@@ -542,3 +605,74 @@ def _progress_hook(
         )
 
     return hook
+
+
+def map_duals(model: MilpModel, row_key: npt.ArrayLike, row_dual: npt.ArrayLike) -> FloatArray:
+    """Row duals of another model of the same graph (e.g. on a restricted support), by row
+    key, as duals for ``model``'s rows (any duals give a valid :func:`lagrangian_bound`;
+    these aim to give a good one).
+
+    Memory rows: a restricted model skips the positions it lacks, so its memory row at
+    position k sums the full model's rows from the previous position it has up to k; each
+    of those gets that row's dual. Release rows it lacks (values it never holds) get the
+    dual that makes their FREE columns' reduced costs nonnegative, so that freeing a value
+    the restricted model never holds earns nothing. Other rows it lacks get 0.
+    """
+    keys = np.asarray(row_key, dtype=np.int64)
+    dual = np.asarray(row_dual, dtype=np.float64)
+    y = np.full(model.num_constraints, np.nan)
+    order = np.argsort(model.row_key)
+    pos = np.minimum(np.searchsorted(model.row_key[order], keys), len(order) - 1)
+    hit = model.row_key[order][pos] == keys
+    y[order[pos[hit]]] = dual[hit]
+    # memory rows are the first num_r rows, by stage then position; each stage ends on its
+    # diagonal, which every model has: fill gaps from the next row with a dual
+    num_r = model.index.num_r
+    mem_y = y[:num_r][::-1]
+    fill = np.where(np.isnan(mem_y), 0, np.arange(num_r))
+    np.maximum.accumulate(fill, out=fill)
+    y[:num_r] = mem_y[fill][::-1]
+    missing = np.isnan(y)
+    y[missing] = 0.0
+    n = model.index.n
+    num_pairs = n + model.num_edges
+    release = missing & (model.row_key // (n * num_pairs) == 1)
+    if release.any():
+        f0 = model.index.f_off
+        d_free = model.cost[f0:] - model.A[:, f0:].T @ y
+        coo = model.A[:, f0:].tocoo()
+        sel = release[coo.row]
+        best = np.zeros(model.num_constraints)
+        np.minimum.at(best, coo.row[sel], d_free[coo.col[sel]])
+        y[release] = np.minimum(best[release], 0.0)
+    return y
+
+
+def lagrangian_bound(model: MilpModel, row_key: npt.ArrayLike, row_dual: npt.ArrayLike) -> float:
+    """A lower bound on ``model``'s LP (hence MILP) optimum from any row duals.
+
+    The duals may come from another model of the same graph (see :func:`map_duals`).
+    With ``d = cost - A^T y``, every x within the column bounds that satisfies the rows
+    costs at least ``Σ_r y_r b_r + Σ_j min(d_j lo_j, d_j hi_j)``, where ``b_r`` is the row's
+    lower bound when ``y_r > 0`` and its upper bound otherwise. Duals of the wrong sign for
+    a one-sided row are dropped (still a valid bound). The bound is in objective units.
+    """
+    return _bound_of(model, map_duals(model, row_key, row_dual))
+
+
+def _bound_of(model: MilpModel, y: FloatArray) -> float:
+    y = y.copy()
+    y[(y > 0) & ~np.isfinite(model.row_lower)] = 0.0
+    y[(y < 0) & ~np.isfinite(model.row_upper)] = 0.0
+    rhs = np.where(y > 0, model.row_lower, model.row_upper)
+    d = model.cost - model.A.T @ y
+    with np.errstate(invalid="ignore"):
+        row_part = float(np.sum(np.where(y != 0, y * rhs, 0.0)))
+    col_part = float(np.sum(np.minimum(d * model.col_lower, d * model.col_upper)))
+    return row_part + col_part
+
+
+def reduced_costs(model: MilpModel, row_key: npt.ArrayLike, row_dual: npt.ArrayLike) -> FloatArray:
+    """``cost - A^T y`` of ``model``'s columns for duals of a model of the same graph."""
+    y = map_duals(model, row_key, row_dual)
+    return np.asarray(model.cost - model.A.T @ y, dtype=np.float64)

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from solvers import Graph, Status, keep_all_peak, memory_lower_bound, validate
+from solvers import Graph, Status, highs, keep_all_peak, memory_lower_bound, validate
 from solvers.schedule import schedule_from_rs
 from solvers.stages import closure_r, complete_rs, rs_cost
 from solvers.strategies import get_strategy
-from solvers.strategies.ilp import solve_ilp
+from solvers.strategies.ilp import formulate, lagrangian_bound, liveness_masks, problem_of, solve_ilp
 from solvers.strategies.lp_rounding import round_threshold_sweep, solve_lp_rounding, thresholds_for
 from tests.graphs import chain
 from tests.unit.test_ilp import dags, sched, training_chain3
@@ -88,3 +88,38 @@ def test_lp_bound_milp_and_rounding_are_ordered(g: Graph, frac: float) -> None:
     if rounded.ok:
         assert validate(g, sched(rounded), budget).cost == pytest.approx(rounded.cost)
         assert rounded.cost is not None and rounded.cost >= mip.cost * (1 - 1e-6)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dags(max_n=10), st.floats(0.5, 1.0), st.integers(0, 2**32 - 1))
+def test_lagrangian_bound_is_valid_for_any_duals(g: Graph, frac: float, seed: int) -> None:
+    budget = max(int(frac * keep_all_peak(g)), memory_lower_bound(g))
+    full = formulate(g, budget)
+    res = highs.solve(problem_of(full), relax=True, time_limit=LIMIT)
+    if res.status != Status.OPTIMAL:
+        return
+    assert res.objective is not None and res.row_dual is not None
+    # the LP's own duals reproduce its optimum; any other duals bound it from below
+    assert lagrangian_bound(full, full.row_key, res.row_dual) == pytest.approx(res.objective, abs=1e-6)
+    noise = np.random.default_rng(seed).normal(size=full.num_constraints)
+    assert lagrangian_bound(full, full.row_key, noise) <= res.objective + 1e-6
+    # duals of the restricted (liveness) model bound the full LP too
+    small = formulate(g, budget, support=liveness_masks(g))
+    sres = highs.solve(problem_of(small), relax=True, time_limit=LIMIT)
+    if sres.row_dual is not None:
+        assert lagrangian_bound(full, small.row_key, sres.row_dual) <= res.objective + 1e-6
+        assert sres.objective is not None and sres.objective >= res.objective - 1e-6
+
+
+def test_restricted_lp_is_certified_on_unet() -> None:
+    from tests.graphs import public_graph
+
+    g = public_graph("vgg_unet_b32_416x608.json")
+    budget = int(0.6 * keep_all_peak(g))
+    full_lp = solve_ilp(g, budget, relax=True, time_limit=120)
+    res = solve_lp_rounding(g, budget, time_limit=120)
+    assert res.info["num_vars"] < 0.7 * res.info["full_num_vars"]
+    assert res.info["lp_certified"] is True
+    assert res.lower_bound == pytest.approx(full_lp.lower_bound, rel=1e-7)
+    assert res.ok and res.cost is not None and res.lower_bound is not None
+    assert res.cost <= 1.02 * res.lower_bound
