@@ -1,0 +1,170 @@
+"""The rematerialized step against eager PyTorch: outputs, gradients and buffers.
+
+Every comparison is bitwise (``torch.equal``): on CPU the plan runs the same aten ops on the
+same values as eager mode (a recompute repeats an op on identical inputs), so nothing may
+differ, not even in the last bit.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import checkmate  # noqa: E402
+from checkmate.api import plans_of  # noqa: E402
+from tests.integration import _models as M  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+Case = tuple[Callable[[], Any], Callable[[], tuple[Any, ...]], Callable[[Any], Any]]
+#: budgets (fractions of the no-remat peak) at which the auto strategy finds a plan that
+#: recomputes within the test's time limit on this machine
+BUDGET = {"mlp": 0.75, "cnn_bn_residual": 0.7, "transformer_dropout": 0.7, "multi_output_kwargs": 0.8}
+
+
+def _mse(out: Any) -> Any:
+    return out.float().pow(2).mean()
+
+
+def _cases() -> dict[str, Case]:
+    return {
+        "mlp": (lambda: M.MLP(64, 4), lambda: (torch.randn(256, 64, requires_grad=True),), _mse),
+        "cnn_bn_residual": (
+            lambda: M.SmallCNN(8, 2),
+            lambda: (torch.randn(4, 3, 16, 16, requires_grad=True),),
+            _mse,
+        ),
+        "transformer_dropout": (
+            lambda: M.TinyTransformer(64, 64, 2, p=0.1),
+            lambda: (torch.randint(0, 64, (8, 32)),),
+            _mse,
+        ),
+        "multi_output_kwargs": (
+            M.MultiOut,
+            lambda: (torch.randn(64, 16, requires_grad=True), torch.randn(64, 32)),
+            lambda out: out["out"].pow(2).mean() + out["aux"][0].sum() + out["aux"][1],
+        ),
+    }
+
+
+def _grads(model: Any, inputs: tuple[Any, ...]) -> list[Any]:
+    gs = [p.grad for p in model.parameters()]
+    gs += [x.grad for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+    return gs
+
+
+def _clone_inputs(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(
+        x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
+        for x in inputs
+    )
+
+
+def _run(model: Any, inputs: tuple[Any, ...], loss_of: Callable[[Any], Any], name: str, seed: int) -> Any:
+    torch.manual_seed(seed)
+    kwargs = {"mode": "max", "scale": 0.5} if name == "multi_output_kwargs" else {}
+    out = model(*inputs, **kwargs)
+    loss = loss_of(out)
+    loss.backward()
+    return loss.detach()
+
+
+def _assert_same(a: list[Any], b: list[Any], what: str) -> None:
+    assert len(a) == len(b)
+    for k, (x, y) in enumerate(zip(a, b)):
+        assert (x is None) == (y is None), f"{what} {k}: one is None"
+        if x is not None:
+            assert torch.equal(x, y), f"{what} {k}: max diff {(x - y).abs().max().item()}"
+
+
+@pytest.mark.parametrize("name", list(_cases()))
+def test_gradients_equal_eager_under_a_tight_budget(name: str) -> None:
+    """At 50-70% of the no-remat peak the plan recomputes, and every output, parameter
+    gradient, input gradient and buffer equals eager mode bitwise (dropout included:
+    random ops run once, in the eager order, so the same seed draws the same masks)."""
+    make, make_inputs, loss_of = _cases()[name]
+    torch.manual_seed(0)
+    eager = make()
+    model = copy.deepcopy(eager)
+    inputs = make_inputs()
+    inputs_e = _clone_inputs(inputs)
+    opt = checkmate.optimize(model, BUDGET[name], strategy="auto", profile="cpu", time_limit=4)
+    for step in range(2):  # two steps: gradient accumulation and buffer updates
+        l_opt = _run(opt, inputs, loss_of, name, seed=step)
+        l_eager = _run(eager, inputs_e, loss_of, name, seed=step)
+        assert torch.equal(l_opt, l_eager)
+    plans = plans_of(opt)
+    assert len(plans) == 1
+    assert plans[0].recomputes > 0, "the plan should recompute under this budget"
+    _assert_same(_grads(opt, inputs), _grads(eager, inputs_e), "gradient")
+    _assert_same(list(opt.buffers()), list(eager.buffers()), "buffer")
+
+
+def test_batchnorm_running_stats_updated_once_per_step() -> None:
+    torch.manual_seed(0)
+    eager = M.SmallCNN(8, 2)
+    opt = checkmate.optimize(copy.deepcopy(eager), 0.7, strategy="auto", profile="cpu", time_limit=4)
+    x = torch.randn(4, 3, 16, 16)
+    for _ in range(3):
+        opt(x).sum().backward()
+        eager(x).sum().backward()
+    assert plans_of(opt)[0].recomputes > 0
+    assert int(opt.bn.num_batches_tracked) == 3
+    _assert_same(list(opt.buffers()), list(eager.buffers()), "buffer")
+
+
+def test_optimizer_steps_and_gradient_accumulation_match_eager() -> None:
+    torch.manual_seed(0)
+    eager = M.TinyTransformer(64, 32, 1)
+    model = copy.deepcopy(eager)
+    opt_model = checkmate.optimize(model, 0.7, strategy="auto", profile="cpu", time_limit=4)
+    sgd_a = torch.optim.SGD(opt_model.parameters(), lr=0.1, momentum=0.9)
+    sgd_b = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randint(0, 64, (8, 32))
+    for _ in range(2):
+        for mod, sgd in ((opt_model, sgd_a), (eager, sgd_b)):
+            sgd.zero_grad()
+            for half in (x[:4], x[4:]):  # accumulate over two micro-batches
+                _mse(mod(half)).backward()
+            sgd.step()
+    _assert_same(list(opt_model.parameters()), list(eager.parameters()), "parameter")
+    assert all(p is q for p, q in zip(opt_model.parameters(), model.parameters()))
+
+
+def test_gpt2_with_dropout_matches_eager() -> None:
+    """A Hugging Face GPT-2 (tiny random config, ModelOutput outputs), dropout 0.1."""
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    eager = M.gpt2(n_layer=2, n_embd=64, dropout=0.1)
+    model = checkmate.optimize(copy.deepcopy(eager), 0.7, strategy="auto", profile="cpu", time_limit=8)
+    idx = torch.randint(0, 128, (4, 32))
+    torch.manual_seed(3)
+    out = model(idx)
+    _mse(out.logits).backward()
+    torch.manual_seed(3)
+    ref = eager(idx)
+    _mse(ref.logits).backward()
+    assert torch.equal(out.logits, ref.logits)
+    assert plans_of(model)[0].recomputes > 0
+    _assert_same(_grads(model, ()), _grads(eager, ()), "gradient")
+
+
+def test_eval_and_no_grad_run_the_original_forward() -> None:
+    torch.manual_seed(0)
+    eager = M.SmallCNN(8, 1)
+    opt = checkmate.optimize(copy.deepcopy(eager), 0.6, strategy="auto", profile="cpu", time_limit=4)
+    x = torch.randn(2, 3, 8, 8)
+    opt.eval()
+    eager.eval()
+    assert torch.equal(opt(x), eager(x))
+    with torch.no_grad():
+        opt.train()
+        eager.train()
+        assert torch.equal(opt(x), eager(x))
+    assert plans_of(opt) == []  # nothing was planned: no training step ran
+    assert list(opt.state_dict()) == list(eager.state_dict())
