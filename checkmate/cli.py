@@ -114,6 +114,38 @@ def _check_strategy(name: str) -> None:
     get_strategy(name)  # raises CheckmateError naming the known strategies
 
 
+def _strategy_options(strategy: str, pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``("bandwidth=1e8", "heuristic=eq")`` -> options, checked against the strategy's signature.
+
+    Values are read as JSON when they parse (numbers, true/false, null), else as strings.
+    """
+    import inspect
+    import json
+
+    from solvers.strategies import get_strategy
+
+    params = inspect.signature(get_strategy(strategy)).parameters
+    open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    known = [k for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            _fail(f"error: --option {pair!r} must look like KEY=VALUE")
+        if key in ("time_limit", "progress"):
+            _fail(f"error: --option {key} is set by the command itself; use its own flag")
+        if not open_ended and key not in params:
+            _fail(
+                f"error: strategy {strategy!r} has no option {key!r}; its options: {', '.join(known) or 'none'}"
+            )
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
 # ---------------------------------------------------------------- the commands
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="checkmate-remat", prog_name="checkmate")
@@ -139,11 +171,26 @@ def cli(ctx: click.Context, debug: bool) -> None:
 )
 @click.option("--time-limit", "-t", type=float, default=None, help="Seconds for searching strategies.")
 @click.option("--output", "-o", required=True, help="Plan file to write (JSON).")
+@click.option(
+    "--option",
+    "-O",
+    "option_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A strategy option, e.g. -O heuristic=local (dtr) or -O bandwidth=1e9 (poet); repeatable.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No live progress.")
 @_debug_option
 @_handled
 def solve(
-    graph: str, budget: str, strategy: str, time_limit: float | None, output: str, quiet: bool, debug: bool
+    graph: str,
+    budget: str,
+    strategy: str,
+    time_limit: float | None,
+    output: str,
+    option_pairs: tuple[str, ...],
+    quiet: bool,
+    debug: bool,
 ) -> None:
     """Plan GRAPH (a saved graph JSON) under --budget and write the plan file."""
     from solvers.api import solve as solve_graph
@@ -151,6 +198,7 @@ def solve(
 
     parse_budget(budget)
     _check_strategy(strategy)
+    strategy_opts = _strategy_options(strategy, option_pairs)
     out = Path(output)
     _check_writable(out)
     g = _load(graph)
@@ -158,7 +206,7 @@ def solve(
     start = time.perf_counter()
     with report.Progress(g.total_cost, quiet) as progress:
         opts: dict[str, Any] = {"progress": progress} if report.accepts_progress(strategy) else {}
-        res = solve_graph(g, budget, strategy, time_limit=time_limit, **opts)
+        res = solve_graph(g, budget, strategy, time_limit=time_limit, **strategy_opts, **opts)
     wall = time.perf_counter() - start
     doc = report.result_doc(g, res, time_limit)
     report.echo_rows([*report.summary_rows(doc), ("wall", f"{wall:.2f} s")])

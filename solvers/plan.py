@@ -7,6 +7,8 @@ The public contract (version 1; later versions extend it, never break it)::
      "peak_memory": int, "solve_seconds": float,
      "schedule": [["compute", node_id] | ["free", node_id], ...]}
 
+Paging plans (POET) also hold ``["pageout", node_id]`` and ``["pagein", node_id]`` steps.
+
 Node ids are the graph's external ids (``Node.ext``): the ``id`` field of the Checkmate
 graphs, the ``name`` of the random layered ones. Extra fields (all optional for readers):
 ``graph_fingerprint`` (sha256 of the graph's structure and sizes), ``cost_fingerprint``,
@@ -40,7 +42,7 @@ import numpy.typing as npt
 from solvers.errors import PlanError
 from solvers.graph import Graph
 from solvers.result import SolveResult
-from solvers.schedule import COMPUTE, FREE, Schedule, Step
+from solvers.schedule import COMPUTE, FREE, PAGEIN, PAGEOUT, Schedule, Step
 
 __all__ = [
     "PLAN_FORMAT",
@@ -242,7 +244,7 @@ def plan_from_dict(doc: Any, graph: Graph | None = None, *, path: Path | None = 
             raise PlanError(f"{where}plan was made for another graph (fingerprint mismatch)")
     steps: list[Step] = []
     for k, step in enumerate(raw):
-        if not (isinstance(step, list) and len(step) == 2 and step[0] in (COMPUTE, FREE)):
+        if not (isinstance(step, list) and len(step) == 2 and step[0] in (COMPUTE, FREE, PAGEIN, PAGEOUT)):
             raise PlanError(f"{where}schedule step {k} is malformed: {step!r}")
         node = step[1]
         if graph is not None:
@@ -296,6 +298,8 @@ def stage_matrices(graph: Graph, schedule: Schedule) -> tuple[BoolMatrix, BoolMa
                 seen[i] = True
                 r_rows.append(cur)
                 cur = None
+        elif op == PAGEIN:  # a paged-in value is resident like a computed one
+            resident[i] = True
         elif op == FREE:
             resident[i] = False
     if cur is not None:  # trailing recomputes without a new node: their own stage

@@ -308,3 +308,15 @@ def test_sweep_without_any_schedule_exits_1(graph_file: Path) -> None:
     res = run("sweep", str(graph_file), "--budgets", "0.25,0.2", "--strategies", "chen-greedy", "-q")
     assert res.exit_code == 1
     assert res.stdout.count("infeasible") >= 2 and "no plan" in res.stdout
+
+
+def test_strategy_options_reach_the_strategy(graph_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    res = run("solve", str(graph_file), "-b", "0.6", "-s", "dtr", "-O", "heuristic=lru", "-o", str(out), "-q")
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["info"].get("heuristic") == "lru"
+    bad = run("solve", str(graph_file), "-b", "0.6", "-s", "ilp", "-O", "bogus=1", "-o", str(out) + "2")
+    assert bad.exit_code == 2 and "has no option 'bogus'" in _one_line_error(bad)
+    assert not Path(str(out) + "2").exists()
+    malformed = run("solve", str(graph_file), "-b", "0.6", "-s", "dtr", "-O", "heuristic", "-o", str(out))
+    assert malformed.exit_code == 2 and "KEY=VALUE" in _one_line_error(malformed)

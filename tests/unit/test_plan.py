@@ -174,3 +174,21 @@ def test_round_trip_property(n: int, data: st.DataObject) -> None:
     assert back.schedule.steps == sched.steps
     sim2 = simulate(g, back.schedule)
     assert sim2.cost == sim.cost and sim2.peak == sim.peak == back.doc["peak_memory"]
+
+
+def test_paging_plan_round_trips() -> None:
+    """A POET plan (pageout/pagein steps) is written and read back, and replays valid."""
+    from solvers import plan_to_dict, read_plan, solve, validate, write_plan
+    from tests.graphs import chain
+
+    g = chain(6, training=True, mem=1000)
+    res = solve(g, 4000, "poet", time_limit=20)
+    assert res.ok
+    assert any(op == "pagein" for op, _ in res.schedule.steps)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = write_plan(f"{d}/p.json", plan_to_dict(g, res))
+        back = read_plan(path, g)
+    assert back.schedule.steps == res.schedule.steps
+    assert validate(g, back.schedule, 4000).peak <= 4000
