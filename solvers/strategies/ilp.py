@@ -503,6 +503,7 @@ def solve_ilp(
     relax: bool = False,
     heuristic_effort: float = 0.2,
     lp_solver: str | None = None,
+    support: str = "full",
     log: bool = False,
 ) -> SolveResult:
     """Solve the Checkmate MILP with HiGHS (strategy ``"ilp"``).
@@ -521,6 +522,10 @@ def solve_ilp(
         heuristic_effort: HiGHS ``mip_heuristic_effort`` (its default 0.05 finds incumbents
             late on these models).
         lp_solver: HiGHS ``solver`` option ("simplex", "ipm", "choose").
+        support: "full" (exact) or "liveness": R and S only while a value is live in the
+            keep-all schedule (:func:`liveness_masks`), a model about half the size. A
+            restriction: the result is at best FEASIBLE and HiGHS's bound, valid only for
+            the restricted model, goes to ``info["restricted_bound"]``, not ``lower_bound``.
         log: print HiGHS's log.
 
     Returns:
@@ -538,7 +543,10 @@ def solve_ilp(
         return SolveResult(
             "ilp", Status.INFEASIBLE, budget, info={"min_budget": floor, "reason": "largest op working set"}
         )
-    model = formulate(graph, budget)
+    if support not in ("full", "liveness"):
+        raise ValueError(f"support must be 'full' or 'liveness', not {support!r}")
+    restricted = support == "liveness"
+    model = formulate(graph, budget, support=liveness_masks(graph) if restricted else None)
     start = None
     if warm_start is not None and not relax:
         start = warm_start_vector(graph, model, warm_start)
@@ -548,6 +556,7 @@ def solve_ilp(
         "num_constraints": model.num_constraints,
         "num_binaries": model.num_binaries,
         "warm_start": None if warm_start is None else start is not None,
+        "support": support,
     }
     hook = _progress_hook("ilp", progress, t0, model.cost_unit)
     res = highs.solve(
@@ -564,12 +573,21 @@ def solve_ilp(
     )
     bound = None if res.bound is None else res.bound * model.cost_unit
     info.update(model_status=res.model_status, mip_gap=res.mip_gap, **res.info)
+    if restricted:  # the restricted model's bound says nothing about the full model
+        info["restricted_bound"], bound = bound, None
     common: dict[str, Any] = {"build_seconds": build, "solve_seconds": res.seconds}
+    if res.status == Status.INFEASIBLE and restricted:
+        return SolveResult("ilp", Status.NO_SOLUTION, budget, info=info, **common)
     if res.status == Status.INFEASIBLE:
         info["min_budget"] = floor
         return SolveResult("ilp", Status.INFEASIBLE, budget, info=info, **common)
     if relax:
-        info["lp_objective"] = bound
+        if restricted:  # certify on the full model with the restricted duals
+            bound = None
+            if res.row_dual is not None:
+                full = formulate(graph, budget)
+                bound = lagrangian_bound(full, model.row_key, res.row_dual) * full.cost_unit
+        info["lp_objective"] = None if res.objective is None else res.objective * model.cost_unit
         return SolveResult("ilp", Status.NO_SOLUTION, budget, lower_bound=bound, info=info, **common)
     if res.x is None:
         return SolveResult("ilp", Status.NO_SOLUTION, budget, lower_bound=bound, info=info, **common)
@@ -577,7 +595,7 @@ def solve_ilp(
     R, S = complete_rs(graph, model.index.decode(res.x)[1])
     schedule = schedule_from_rs(graph, R, S)
     sim = simulate(graph, schedule)
-    status = res.status
+    status = Status.FEASIBLE if restricted else res.status
     if sim.peak > budget:  # numerical slack beyond the tolerances: never hand it out as valid
         status = Status.NO_SOLUTION
         info["over_budget"] = sim.peak - budget

@@ -231,3 +231,18 @@ def test_decoded_schedule_replays_exactly() -> None:
     assert res.ok and res.schedule is not None
     sim = simulate(g, res.schedule)
     assert sim.peak <= budget and sim.cost == res.cost
+
+
+def test_restricted_support_gives_valid_schedules_and_bounds() -> None:
+    g = chain(10, training=True)
+    budget = int(0.5 * keep_all_peak(g))
+    exact = solve_ilp(g, budget, time_limit=LIMIT)
+    small = solve_ilp(g, budget, time_limit=LIMIT, support="liveness")
+    assert small.info["num_vars"] < exact.info["num_vars"]
+    assert small.status == Status.FEASIBLE and small.lower_bound is None
+    assert small.cost is not None and exact.cost is not None and small.cost >= exact.cost - 1e-9
+    validate(g, sched(small), budget)
+    lp = solve_ilp(g, budget, time_limit=LIMIT, relax=True, support="liveness")
+    assert lp.lower_bound is not None and lp.lower_bound <= exact.cost + 1e-6
+    with pytest.raises(ValueError, match="support"):
+        solve_ilp(g, budget, support="tiny")
