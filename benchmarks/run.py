@@ -31,7 +31,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -229,7 +229,7 @@ def bench_graph(
         best_lb = max([graph.total_cost, *lbs])
         for r in inst:
             r.best_lb = best_lb
-            if r.cost is not None and best_lb > 0:
+            if r.cost is not None and best_lb > 0 and r.status in ("optimal", "feasible"):
                 r.cost_over_lb = r.cost / best_lb
         rows.extend(inst)
     return rows
@@ -246,6 +246,31 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
             w.writerow({k: v for k, v in asdict(r).items() if k != "steps"})
 
 
+def read_csv(path: Path) -> list[Row]:
+    """Rows back from a CSV written by :func:`write_csv`."""
+    types = {f.name: f.type for f in fields(Row)}
+    out = []
+    with path.open() as f:
+        for rec in csv.DictReader(f):
+            kw: dict[str, Any] = {}
+            for k, v in rec.items():
+                t = str(types.get(k, "str"))
+                if k not in types:
+                    continue
+                if v == "" and "None" in t:
+                    kw[k] = None
+                elif t.startswith("int"):
+                    kw[k] = int(v)
+                elif t.startswith("float"):
+                    kw[k] = float(v)
+                elif t.startswith("int |"):
+                    kw[k] = int(v)
+                else:
+                    kw[k] = v
+            out.append(Row(**kw))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m benchmarks.run``."""
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
@@ -257,7 +282,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--graphs-dir", type=Path, default=GRAPHS_DIR)
     ap.add_argument("--out", default="", help="results name (default: bench or quick)")
     ap.add_argument("--no-traced", action="store_true", help="skip the traced PyTorch models")
+    ap.add_argument(
+        "--tables-from",
+        default="",
+        help="comma-separated result CSVs: only rewrite README_tables.md from them (no solving)",
+    )
     args = ap.parse_args(argv)
+    if args.tables_from:
+        loaded = [r for f in args.tables_from.split(",") if f for r in read_csv(Path(f))]
+        limit = args.time_limit if args.time_limit is not None else TIME_LIMIT
+        notes = [f"tables from {', '.join(Path(f).name for f in args.tables_from.split(',') if f)}"]
+        if not args.no_traced:
+            notes.append(f"traced models (GPT-2-small-like, ResNet-50-like): {tables.traced_status()}")
+        md = tables.markdown(loaded, notes, limit, float("nan"), CHECKMATE_GRAPHS)
+        (RESULTS_DIR / "README_tables.md").write_text(md)
+        print(f"wrote {RESULTS_DIR / 'README_tables.md'} from {len(loaded)} rows")
+        return 0
 
     gdir = args.graphs_dir.resolve()
     paths = sorted(gdir.glob("*.json")) if gdir.is_dir() else []
