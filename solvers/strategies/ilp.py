@@ -285,10 +285,31 @@ def formulate(
     f_q, f_t = _ranges(pair_p + 1, n - 1 - pair_p)
     ok = present[f_t, pair_i[f_q]]
     f_q, f_t = f_q[ok], f_t[ok]
+    # next_pos[t, p]: the first position after p in stage t (t itself at the latest)
+    cand = np.where(r_mask, np.arange(n)[None, :], n)
+    next_pos = np.minimum.accumulate(cand[:, ::-1], axis=1)[:, ::-1]
+    next_pos = np.concatenate([next_pos[:, 1:], np.full((n, 1), n)], axis=1)
+    # FREE of the same (t, i) at positions with no position of the stage between them are
+    # the same column (same memory row, same readers after them): keep the first of each
+    group = (f_t * n + pair_i[f_q]) * (n + 1) + next_pos[f_t, pair_p[f_q]]
+    order = np.lexsort((pair_p[f_q], group))
+    g_sorted = group[order]
+    lead = np.ones(len(order), dtype=bool)
+    lead[1:] = g_sorted[1:] != g_sorted[:-1]
+    col_of = np.empty(len(order), dtype=np.int64)
+    col_of[order] = np.cumsum(lead) - 1
+    keep_cols = order[lead]
+    f_map = np.full((n, num_pairs), -1, dtype=np.int64)
+    f_map[f_t, f_q] = col_of
+    f_q, f_t = f_q[keep_cols], f_t[keep_cols]
+    reorder = np.lexsort((pair_p[f_q], pair_i[f_q], f_t))  # columns by stage, node, position
+    inverse = np.empty_like(reorder)
+    inverse[reorder] = np.arange(len(reorder))
+    if len(inverse):
+        f_map = np.where(f_map >= 0, inverse[np.maximum(f_map, 0)], -1)
+    f_q, f_t = f_q[reorder], f_t[reorder]
     f_i, f_p = pair_i[f_q], pair_p[f_q]
     num_f = len(f_t)
-    f_map = np.full((n, num_pairs), -1, dtype=np.int64)
-    f_map[f_t, f_q] = np.arange(num_f)
     index = RSIndex(n, r_t, r_i, s_t, s_i, f_t, f_i, f_p)
     S0, U0, F0 = index.s_off, index.u_off, index.f_off
 
@@ -317,10 +338,6 @@ def formulate(
     add(ar, ar, -memu[r_i])
     first = np.searchsorted(r_t, np.arange(n))
     add(first[s_t], S0 + np.arange(num_s), -memu[s_i])
-    # next_pos[t, p]: the first position after p in stage t (t itself at the latest)
-    cand = np.where(r_mask, np.arange(n)[None, :], n)
-    next_pos = np.minimum.accumulate(cand[:, ::-1], axis=1)[:, ::-1]
-    next_pos = np.concatenate([next_pos[:, 1:], np.full((n, 1), n)], axis=1)
     add(r_map[f_t, next_pos[f_t, f_p]], F0 + np.arange(num_f), memu[f_i])
     lo.append(np.zeros(num_r))
     hi.append(np.zeros(num_r))
@@ -362,7 +379,9 @@ def formulate(
     x_row = b_id[x_t, x_q]
     x_col = f_map[x_t, pq]
     ok = (x_row >= 0) & (x_col >= 0)
-    x_row, x_col = x_row[ok], x_col[ok]
+    # merged FREE columns appear once per row
+    uniq = np.unique(x_row[ok] * max(num_f, 1) + x_col[ok])
+    x_row, x_col = uniq // max(num_f, 1), uniq % max(num_f, 1)
     used = np.zeros(len(b_q), dtype=bool)
     used[x_row] = True
     renum = np.cumsum(used) - 1 + n_rows
