@@ -1,0 +1,421 @@
+"""Second run: a new process making the same ``optimize`` call reuses the cached plan.
+
+Issue 4, item 4: the plan cache (:mod:`checkmate.cache`) must make a restarted job's
+planning cheap: a second process making the same ``checkmate.optimize(model, budget,
+example_inputs)`` call finds the plan on disk, re-validates it with the simulator and skips
+the solver; profiling reads the persistent op-time cache (:mod:`checkmate.timing`). The
+target is a second-run planning time (tracing aside) under 5% of the first run's.
+
+For each model and strategy this runs the same call in two FRESH Python processes, one after
+the other, against one new temporary cache directory (``CHECKMATE_CACHE_DIR``), so the first
+is cold and the second sees only what the first wrote. Each child times the stages of every
+graph the planner sees by wrapping the names :mod:`checkmate.runtime` calls (it changes no
+behaviour, only adds clocks) and prints one JSON line:
+
+- ``trace_s``: Dynamo + AOTAutograd capture (the ``optimize`` call's wall time outside the
+  partitioner) plus building the :class:`solvers.Graph` from the joint graph (excluding the
+  cost callbacks);
+- ``profile_s``: op timing (``checkmate.runtime._costs``) and convolution scratch
+  measurement (``_scratch_bytes``);
+- ``solve_s``: ``cached_solve`` (on a hit: reading the plan file and re-validating it);
+- ``codegen_s``: generating the rematerialized forward and backward;
+- ``planning_s`` = profile + solve + codegen (tracing aside: both runs trace the same way);
+- ``cache``: ``hit`` / ``miss`` per graph, from the result's ``info["cache"]``;
+- ``validations``: how many times ``checkmate.cache`` replayed a stored plan through the
+  simulator (``solvers.schedule.validate``) — at least once per graph on a hit.
+
+Outputs: ``benchmarks/results/second_run.md`` and ``second_run.csv``; the table is printed.
+
+Usage::
+
+    python -m benchmarks.second_run                       # gpt2, resnet, mlp x auto, ilp
+    python -m benchmarks.second_run --models mlp --strategies auto
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+MARKER = "SECOND_RUN_JSON "
+MODELS = ("gpt2", "resnet", "mlp")
+STRATEGIES = ("auto", "ilp")
+TARGET_RATIO = 0.05
+
+__all__ = ["Run", "Row", "child_main", "run_child", "run_pair", "markdown", "write_csv", "main"]
+
+
+# ---------------------------------------------------------------- the child process
+
+
+def _model(name: str) -> tuple[Any, tuple[Any, ...]]:
+    """The model and its example inputs (small, CPU, deterministic weights)."""
+    import torch
+    from torch import nn
+
+    if name == "gpt2":
+        from benchmarks.models import gpt2_workload
+
+        w = gpt2_workload("tiny", batch=2, seq=32)
+        return w.build(0.0), w.inputs
+    if name == "resnet":
+        from benchmarks.models import resnet_workload
+
+        w = resnet_workload("tiny", batch=4)
+        return w.build(0.0), w.inputs
+    if name == "mlp":
+        torch.manual_seed(0)
+        layers: list[nn.Module] = []
+        for _ in range(8):  # activations (512 x 128) outweigh each weight (128 x 128)
+            layers += [nn.Linear(128, 128), nn.GELU()]
+        model = nn.Sequential(*layers, nn.Linear(128, 10)).train()
+        return model, (torch.randn(512, 128, generator=torch.Generator().manual_seed(1)),)
+    raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+
+
+class _Clock:
+    """Seconds accumulated per stage by the wrappers of :func:`_instrumented`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def wrap(self, stage: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+                self.calls[stage] = self.calls.get(stage, 0) + 1
+
+        return timed
+
+    def get(self, stage: str) -> float:
+        return self.seconds.get(stage, 0.0)
+
+
+@contextmanager
+def _instrumented(clock: _Clock) -> Iterator[None]:
+    """Time the planner's stages: wrap the module-level names ``Planner.partition`` looks up
+    at call time (and the simulator replay inside the plan cache), restore them after."""
+    import checkmate.cache as cache_mod
+    import checkmate.runtime as rt
+
+    patches = [
+        (rt, "build_graph", "build"),
+        (rt, "_costs", "profile"),
+        (rt, "_scratch_bytes", "scratch"),
+        (rt, "cached_solve", "solve"),
+        (rt, "generate", "codegen"),
+        (cache_mod, "validate", "validate"),
+    ]
+    saved = [(mod, attr, getattr(mod, attr)) for mod, attr, _ in patches]
+    for mod, attr, stage in patches:
+        setattr(mod, attr, clock.wrap(stage, getattr(mod, attr)))
+    try:
+        yield
+    finally:
+        for mod, attr, original in saved:
+            setattr(mod, attr, original)
+
+
+def child_main(model_name: str, strategy: str, budget: float, time_limit: float) -> dict[str, Any]:
+    """Run one ``optimize`` call in this process and return its timings (the child's work).
+
+    Args:
+        model_name: one of ``MODELS``.
+        strategy: the strategy passed to ``optimize``.
+        budget: the budget fraction.
+        time_limit: seconds per graph for searching strategies.
+
+    Returns:
+        A JSON-serializable dict (see the module docstring for the fields).
+    """
+    import torch
+
+    import checkmate
+    from checkmate.api import plans_of
+
+    model, inputs = _model(model_name)
+    clock = _Clock()
+    with _instrumented(clock):
+        start = time.perf_counter()
+        opt = checkmate.optimize(model, budget, inputs, strategy=strategy, time_limit=time_limit)
+        total = time.perf_counter() - start
+    records = plans_of(opt)
+    partition = sum(r.seconds for r in records)
+    profile = clock.get("profile") + clock.get("scratch")
+    trace = (total - partition) + (clock.get("build") - profile)
+    solve = clock.get("solve")
+    codegen = clock.get("codegen")
+    return {
+        "model": model_name,
+        "strategy": strategy,
+        "torch": torch.__version__,
+        "graphs": len(records),
+        "nodes": sum(r.joint.graph.n for r in records),
+        "total_s": total,
+        "trace_s": trace,
+        "profile_s": profile,
+        "solve_s": solve,
+        "codegen_s": codegen,
+        "planning_s": profile + solve + codegen,
+        "cache": [str(r.result.info.get("cache", "none")) for r in records],
+        "validations": clock.calls.get("validate", 0),
+        "validate_s": clock.get("validate"),
+        "chosen": [str(r.result.info.get("chosen", r.result.strategy)) for r in records],
+        "status": [str(r.result.status) for r in records],
+        "cost": [r.result.cost for r in records],
+        "peak": [r.result.peak for r in records],
+        "recomputes": [r.recomputes for r in records],
+        "plan_paths": [str(r.result.info.get("plan_path", "")) for r in records],
+    }
+
+
+# ---------------------------------------------------------------- the parent
+
+
+@dataclass(frozen=True)
+class Run:
+    """One child's figures (the fields :func:`child_main` prints)."""
+
+    trace_s: float
+    profile_s: float
+    solve_s: float
+    codegen_s: float
+    planning_s: float
+    total_s: float
+    cache: tuple[str, ...]
+    validations: int
+    doc: dict[str, Any]
+
+    @property
+    def hit(self) -> bool:
+        return bool(self.cache) and all(c == "hit" for c in self.cache)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One model x strategy: the cold run, the warm run, and what they show."""
+
+    model: str
+    strategy: str
+    graphs: int
+    nodes: int
+    chosen: str
+    first_trace_s: float
+    first_profile_s: float
+    first_solve_s: float
+    first_codegen_s: float
+    first_planning_s: float
+    first_cache: str
+    second_trace_s: float
+    second_profile_s: float
+    second_solve_s: float
+    second_codegen_s: float
+    second_planning_s: float
+    second_cache: str
+    ratio: float
+    hit: bool
+    revalidated: bool
+    same_plan: bool
+
+
+def run_child(
+    model: str,
+    strategy: str,
+    cache: Path,
+    *,
+    budget: float = 0.7,
+    time_limit: float = 20.0,
+    timeout: float = 600.0,
+) -> Run:
+    """Run :func:`child_main` in a fresh interpreter with ``CHECKMATE_CACHE_DIR=cache``.
+
+    Raises:
+        RuntimeError: the child failed or printed no result (its output tail is included).
+    """
+    env = dict(os.environ, CHECKMATE_CACHE_DIR=str(cache), CHECKMATE_CACHE="1")
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, "-m", "benchmarks.second_run", "--child", model, strategy]
+    cmd += ["--budget", str(budget), "--time-limit", str(time_limit)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=root, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARKER)]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        raise RuntimeError(f"child {model}/{strategy} exited {proc.returncode}:\n{tail}")
+    doc = json.loads(lines[-1][len(MARKER) :])
+    return Run(
+        trace_s=doc["trace_s"],
+        profile_s=doc["profile_s"],
+        solve_s=doc["solve_s"],
+        codegen_s=doc["codegen_s"],
+        planning_s=doc["planning_s"],
+        total_s=doc["total_s"],
+        cache=tuple(doc["cache"]),
+        validations=int(doc["validations"]),
+        doc=doc,
+    )
+
+
+def run_pair(
+    model: str, strategy: str, *, budget: float = 0.7, time_limit: float = 20.0
+) -> tuple[Row, Run, Run]:
+    """The same call in two fresh processes against one new temporary cache directory.
+
+    Returns:
+        The row and both runs.
+    """
+    with tempfile.TemporaryDirectory(prefix="checkmate-second-run-") as tmp:
+        first = run_child(model, strategy, Path(tmp), budget=budget, time_limit=time_limit)
+        second = run_child(model, strategy, Path(tmp), budget=budget, time_limit=time_limit)
+    d1, d2 = first.doc, second.doc
+    row = Row(
+        model=model,
+        strategy=strategy,
+        graphs=int(d1["graphs"]),
+        nodes=int(d1["nodes"]),
+        chosen="+".join(d1["chosen"]),
+        first_trace_s=first.trace_s,
+        first_profile_s=first.profile_s,
+        first_solve_s=first.solve_s,
+        first_codegen_s=first.codegen_s,
+        first_planning_s=first.planning_s,
+        first_cache="+".join(first.cache),
+        second_trace_s=second.trace_s,
+        second_profile_s=second.profile_s,
+        second_solve_s=second.solve_s,
+        second_codegen_s=second.codegen_s,
+        second_planning_s=second.planning_s,
+        second_cache="+".join(second.cache),
+        ratio=second.planning_s / first.planning_s if first.planning_s > 0 else float("nan"),
+        hit=second.hit,
+        revalidated=second.hit and second.validations >= len(second.cache),
+        same_plan=(
+            d1["plan_paths"] == d2["plan_paths"] and d1["cost"] == d2["cost"] and d1["peak"] == d2["peak"]
+        ),
+    )
+    return row, first, second
+
+
+def markdown(rows: Sequence[Row], *, budget: float, time_limit: float, wall_s: float) -> str:
+    """The report: settings, the summary table, the per-stage breakdown, the verdict."""
+    import torch
+
+    met = [r for r in rows if r.hit and r.ratio < TARGET_RATIO]
+    lines = [
+        "# Second run: the plan cache across processes",
+        "",
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
+        f"{torch.__version__}, Python {platform.python_version()}. Measured "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} in {wall_s:.0f} s "
+        "(`python -m benchmarks.second_run`).",
+        "",
+        f"Each row runs `checkmate.optimize(model, {budget}, example_inputs, strategy=S, "
+        f"time_limit={time_limit:g})` in a fresh process twice, against one new temporary "
+        "`CHECKMATE_CACHE_DIR` (plans and op times). Planning = profiling + plan "
+        "(solve, or load and re-validate) + code generation; tracing (Dynamo + AOTAutograd + "
+        "graph model) is reported apart. Target: second / first < 5%.",
+        "",
+        "| model | strategy | nodes | first-run planning s | second-run planning s | ratio | hit? "
+        "| re-validated? | same plan? |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.model} | {r.strategy} ({r.chosen}) | {r.nodes} | {r.first_planning_s:.3f} | "
+            f"{r.second_planning_s:.3f} | {r.ratio:.1%} | {_yes(r.hit)} ({r.second_cache}) | "
+            f"{_yes(r.revalidated)} | {_yes(r.same_plan)} |"
+        )
+    lines += [
+        "",
+        "Stages (seconds), first run / second run:",
+        "",
+        "| model | strategy | trace | profile | solve / load+validate | codegen |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.model} | {r.strategy} | {r.first_trace_s:.2f} / {r.second_trace_s:.2f} | "
+            f"{r.first_profile_s:.3f} / {r.second_profile_s:.3f} | "
+            f"{r.first_solve_s:.3f} / {r.second_solve_s:.3f} | "
+            f"{r.first_codegen_s:.3f} / {r.second_codegen_s:.3f} |"
+        )
+    lines += [
+        "",
+        f"Target met (hit and ratio < {TARGET_RATIO:.0%}) for {len(met)} of {len(rows)} rows.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "NO"
+
+
+def write_csv(rows: Sequence[Row], path: Path) -> Path:
+    """One CSV line per row, the :class:`Row` fields as columns."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(Row)])
+        writer.writeheader()
+        for r in rows:
+            writer.writerow(asdict(r))
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: see the module docstring."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.second_run", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--child", nargs=2, metavar=("MODEL", "STRATEGY"), help=argparse.SUPPRESS)
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--budget", type=float, default=0.7, help="budget fraction (default 0.7)")
+    parser.add_argument(
+        "--time-limit", type=float, default=20.0, help="seconds per graph for searching strategies"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results folder")
+    args = parser.parse_args(argv)
+    if args.child:
+        doc = child_main(args.child[0], args.child[1], args.budget, args.time_limit)
+        print(MARKER + json.dumps(doc), flush=True)
+        return 0
+    start = time.perf_counter()
+    rows: list[Row] = []
+    for model in [m.strip() for m in args.models.split(",") if m.strip()]:
+        for strategy in [s.strip() for s in args.strategies.split(",") if s.strip()]:
+            row, _, _ = run_pair(model, strategy, budget=args.budget, time_limit=args.time_limit)
+            print(
+                f"{model}/{strategy}: planning {row.first_planning_s:.3f} s -> {row.second_planning_s:.3f} s "
+                f"({row.ratio:.1%}), second run cache {row.second_cache}",
+                file=sys.stderr,
+                flush=True,
+            )
+            rows.append(row)
+    md = markdown(rows, budget=args.budget, time_limit=args.time_limit, wall_s=time.perf_counter() - start)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "second_run.md").write_text(md)
+    write_csv(rows, args.out / "second_run.csv")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
