@@ -12,8 +12,8 @@
    of stage t's needs walking dependencies backwards, O(n·|E|)), measure its peak with the
    vectorized accounting (equal to the simulator's), and keep the cheapest pattern that
    fits the real budget.
-4. If the LP at the budget rounds to nothing that fits, solve it again at reduced budgets
-   (``budget_factors``): tighter memory rows push S towards patterns that fit.
+4. Solve the LP again at slightly reduced budgets (``budget_factors``, as the paper does)
+   and round each: tighter memory rows push S towards patterns that fit. Keep the best.
 
 The result is OPTIMAL when its cost meets the LP bound, otherwise FEASIBLE.
 """
@@ -95,7 +95,7 @@ def solve_lp_rounding(
     budget: int,
     *,
     time_limit: float | None = None,
-    budget_factors: Sequence[float] = (1.0, 0.95, 0.9, 0.8, 0.7),
+    budget_factors: Sequence[float] = (1.0, 0.98, 0.95, 0.9, 0.8),
     thresholds: Sequence[float] | None = None,
     lp_solver: str | None = None,
     threads: int | None = None,
@@ -110,8 +110,10 @@ def solve_lp_rounding(
         budget: memory budget in bytes.
         time_limit: seconds for all LP solves and rounding together; the LP at the full
             budget always runs (its own limit is the time limit).
-        budget_factors: the LP is solved at ``budget * f`` for each f in turn until a
-            rounding fits; the first (normally 1.0) gives the lower bound when it is 1.0.
+        budget_factors: the LP is solved at ``budget * f`` for each f in turn (tighter
+            memory rows push the rounding towards patterns that fit; the best of all is
+            kept) until a rounding meets the bound or time runs out; f = 1.0 gives the
+            lower bound.
         thresholds: θ values for the sweep (default: the LP's distinct fractional values).
         lp_solver: HiGHS ``solver`` option ("simplex", "ipm", "choose").
         threads: HiGHS threads.
@@ -222,10 +224,8 @@ def solve_lp_rounding(
         if found is not None and (best is None or found[2] < best[2]):
             best, best_factor = found, factor
         report(f"rounded LP at {factor:g} x budget")
-        if best is not None and (lower is None or best[2] <= lower * (1 + _BOUND_TOL)):
-            break
-        if best is not None and factor < 1.0:
-            break
+        if best is not None and lower is not None and best[2] <= lower * (1 + _BOUND_TOL):
+            break  # meets the bound: optimal
     solve_s = time.perf_counter() - t0 - build
     if best is None:
         return SolveResult(
