@@ -246,6 +246,17 @@ def run_child(
 ) -> Run:
     """Run :func:`child_main` in a fresh interpreter with ``CHECKMATE_CACHE_DIR=cache``.
 
+    Args:
+        model: one of ``MODELS``.
+        strategy: the strategy name.
+        cache: the cache folder (plans and op times).
+        budget: the budget fraction.
+        time_limit: seconds per graph for searching strategies.
+        timeout: seconds the child may take.
+
+    Returns:
+        The child's figures.
+
     Raises:
         RuntimeError: the child failed or printed no result (its output tail is included).
     """
@@ -274,16 +285,24 @@ def run_child(
 
 
 def run_pair(
-    model: str, strategy: str, *, budget: float = 0.7, time_limit: float = 20.0
+    model: str, strategy: str, *, budget: float = 0.7, time_limit: float = 20.0, timeout: float = 600.0
 ) -> tuple[Row, Run, Run]:
     """The same call in two fresh processes against one new temporary cache directory.
+
+    Args:
+        model: one of ``MODELS``.
+        strategy: the strategy name.
+        budget: the budget fraction.
+        time_limit: seconds per graph for searching strategies.
+        timeout: seconds each child may take.
 
     Returns:
         The row and both runs.
     """
     with tempfile.TemporaryDirectory(prefix="checkmate-second-run-") as tmp:
-        first = run_child(model, strategy, Path(tmp), budget=budget, time_limit=time_limit)
-        second = run_child(model, strategy, Path(tmp), budget=budget, time_limit=time_limit)
+        kw: dict[str, Any] = {"budget": budget, "time_limit": time_limit, "timeout": timeout}
+        first = run_child(model, strategy, Path(tmp), **kw)
+        second = run_child(model, strategy, Path(tmp), **kw)
     d1, d2 = first.doc, second.doc
     row = Row(
         model=model,
