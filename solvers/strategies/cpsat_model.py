@@ -32,6 +32,7 @@ unless the budget is below the single-op working-set bound.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -56,8 +57,8 @@ __all__ = ["solve_in_process", "CpsatModel", "build_model", "decode"]
 
 _COST_RESOLUTION = 10**7  # total cost maps to this many integer units
 
-# One table from CP-SAT's statuses to the project's (INFEASIBLE is only "in this restricted
-# model"; solve_cpsat upgrades it to a proof when the working-set bound already says so).
+# One table from CP-SAT's statuses to the project's. INFEASIBLE holds only for this restricted
+# model, so it is not a proof: proofs come from the working-set bound checked before solving.
 _STATUS = {
     "OPTIMAL": Status.OPTIMAL,
     "FEASIBLE": Status.FEASIBLE,
@@ -372,6 +373,27 @@ def solve_in_process(
         )
     if code == cp_model.INFEASIBLE:
         info["restricted_infeasible"] = True
+        left = None if time_limit is None else time_limit - (time.perf_counter() - t0)
+        if backward_once and (left is None or left > 1.0):
+            # the restriction, not the budget, may be what fails: retry without it
+            res = solve_in_process(
+                graph,
+                budget,
+                time_limit=left,
+                max_computes=max_computes + 1,
+                backward_once=False,
+                hint=hint,
+                workers=workers,
+                seed=seed,
+                progress=progress,
+            )
+            info["relaxed"] = "backward nodes recomputable, one more compute per node"
+            return dataclasses.replace(
+                res,
+                build_seconds=res.build_seconds + build_s,
+                solve_seconds=res.solve_seconds + solve_s,
+                info={**res.info, **{k: info[k] for k in ("relaxed",)}},
+            )
     return SolveResult("cpsat", status, budget, None, None, None, None, build_s, solve_s, info)
 
 

@@ -156,3 +156,16 @@ def test_coexists_with_highspy_in_one_process() -> None:
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     assert h.getInfinity() > 1e20
+
+
+def test_restricted_infeasible_retries_without_backward_restriction() -> None:
+    """random_dag(15) at 16 bytes needs a backward node recomputed: the backward-once model
+    is infeasible, and the strategy retries without that restriction, reaching the staged
+    optimum (28, by exhaustive search)."""
+    g = random_dag(15, 8, p_edge=0.3, backward=True)
+    res = solve_cpsat(g, 16, time_limit=10)
+    assert res.info.get("relaxed")
+    assert res.status == Status.OPTIMAL
+    assert res.cost == pytest.approx(28.0)
+    assert optimal_cost(g, 16, staged=True) == pytest.approx(28.0)
+    validate(g, _steps(res), 16)
