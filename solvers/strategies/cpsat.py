@@ -15,6 +15,7 @@ import atexit
 import importlib.util
 import multiprocessing as mp
 import sys
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -43,10 +44,12 @@ def _worker() -> ProcessPoolExecutor:
     return _pool
 
 
-def _in_worker(graph: Graph, budget: int, options: dict[str, Any]) -> SolveResult:
+def _in_worker(graph: Graph, budget: int, deadline: float | None, options: dict[str, Any]) -> SolveResult:
     from solvers.strategies.cpsat_model import solve_in_process
 
-    return solve_in_process(graph, budget, **options)
+    # the worker's start-up (first call) and the transfer count against the time limit
+    limit = None if deadline is None else max(0.5, deadline - time.time())
+    return solve_in_process(graph, budget, time_limit=limit, **options)
 
 
 def solve_cpsat(
@@ -83,8 +86,9 @@ def solve_cpsat(
         return solve_in_process(graph, budget, time_limit=time_limit, **options)
     options.pop("progress", None)  # a callback cannot cross the process boundary
     global _pool
+    deadline = None if time_limit is None else time.time() + time_limit  # wall clock: shared
     try:
-        return _worker().submit(_in_worker, graph, budget, {"time_limit": time_limit, **options}).result()
+        return _worker().submit(_in_worker, graph, budget, deadline, options).result()
     except BrokenProcessPool as exc:
         _pool = None
         raise SolverError(f"the CP-SAT worker process died while solving {graph.name!r}: {exc}") from None

@@ -56,6 +56,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without ortools
 __all__ = ["solve_in_process", "CpsatModel", "build_model", "decode"]
 
 _COST_RESOLUTION = 10**7  # total cost maps to this many integer units
+_DECODE_MARGIN = 0.2  # seconds kept from a time limit for decoding and simulating
 
 # One table from CP-SAT's statuses to the project's. INFEASIBLE holds only for this restricted
 # model, so it is not a proof: proofs come from the working-set bound checked before solving.
@@ -258,20 +259,18 @@ def _add_hint(graph: Graph, index: CpsatModel, hint: Schedule) -> bool:
         else:
             slot.append(frontier * n + i)
             stage_of.append(frontier)
+    # interval end: one past its last read (slots reorder a stage's recomputes by id, which
+    # keeps every read after its input's compute since ids are topological)
     kk = np.zeros(n, dtype=np.int64)
-    # interval end: one past the slot of the last compute before its free (or the end)
+    current = np.full(n, -1, dtype=np.int64)  # the interval of each node now resident
     ends: dict[tuple[int, int], int] = {}
-    open_iv: dict[int, int] = {}
-    pos = -1
-    for op, i in hint.steps:
-        if op == COMPUTE:
-            pos += 1
-            open_iv[i] = int(kk[i])
-            kk[i] += 1
-        else:
-            ends[(i, open_iv.pop(i))] = slot[pos] + 1
-    for i, k in open_iv.items():
-        ends[(i, k)] = index.horizon
+    for pos, i in enumerate(comp):
+        for p in graph.preds[i]:
+            key = (p, int(current[p]))
+            ends[key] = max(ends[key], slot[pos] + 1)
+        current[i] = kk[i]
+        kk[i] += 1
+        ends[(i, int(current[i]))] = slot[pos] + 1
     model = index.model
     kk[:] = 0
     for pos, i in enumerate(comp):
@@ -284,6 +283,28 @@ def _add_hint(graph: Graph, index: CpsatModel, hint: Schedule) -> bool:
     for v in range(n):
         for k in range(max(1, int(kk[v])), len(index.start[v])):
             model.add_hint(index.present[v][k], 0)
+    return True
+
+
+def _complete_hint(model: cp_model.CpModel, seconds: float | None, workers: int) -> bool:
+    """Turn a partial hint into a complete one: solve a copy with the hinted values fixed
+    and hint every variable with that solution (CP-SAT follows complete hints reliably; a
+    partial one it may lose on large models). False if the hint does not complete."""
+    proto = model.proto
+    fixed = model.clone()
+    for var, val in zip(proto.solution_hint.vars, proto.solution_hint.values):
+        fixed.add(fixed.get_int_var_from_proto_index(var) == val)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = int(workers)
+    solver.parameters.stop_after_first_solution = True
+    if seconds is not None:
+        solver.parameters.max_time_in_seconds = max(0.1, seconds)
+    if solver.solve(fixed) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return False
+    values = [solver.value(fixed.get_int_var_from_proto_index(i)) for i in range(len(proto.variables))]
+    model.clear_hints()
+    for i, val in enumerate(values):
+        model.add_hint(model.get_int_var_from_proto_index(i), val)
     return True
 
 
@@ -332,13 +353,21 @@ def solve_in_process(
     t0 = time.perf_counter()
     index = build_model(graph, budget, max_computes=max_computes, backward_once=backward_once)
     hinted = _add_hint(graph, index, hint) if hint is not None else False
+    if hinted:
+        budget_s = None if time_limit is None else 0.25 * (time_limit - (time.perf_counter() - t0))
+        hinted = _complete_hint(index.model, budget_s, workers)
     build_s = time.perf_counter() - t0
 
     solver = cp_model.CpSolver()
     if time_limit is not None:
-        solver.parameters.max_time_in_seconds = float(time_limit)
+        # the limit covers the whole call: model building and decoding included
+        spent = time.perf_counter() - t0
+        solver.parameters.max_time_in_seconds = max(0.1, float(time_limit) - spent - _DECODE_MARGIN)
     solver.parameters.num_workers = int(workers)
     solver.parameters.random_seed = int(seed)
+    # one presolve round: on ResNet50 the default rounds took ~7 s of a 10 s budget on 2
+    # cores and proved nothing more than one round does
+    solver.parameters.max_presolve_iterations = 1
     cb = _Progress(progress, index.cost_unit, graph.total_cost, t0) if progress else None
     t1 = time.perf_counter()
     code = solver.solve(index.model, cb) if cb else solver.solve(index.model)
