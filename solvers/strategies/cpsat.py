@@ -23,6 +23,7 @@ from typing import Any
 from solvers.errors import SolverError
 from solvers.graph import Graph
 from solvers.result import SolveResult
+from solvers.schedule import Schedule
 
 if importlib.util.find_spec("ortools") is None:  # pragma: no cover - needs a venv without it
     raise ImportError(
@@ -52,6 +53,18 @@ def _in_worker(graph: Graph, budget: int, deadline: float | None, options: dict[
     return solve_in_process(graph, budget, time_limit=limit, **options)
 
 
+def _heuristic_hint(graph: Graph, budget: int) -> Schedule | None:
+    """A starting schedule from the DTR heuristic (milliseconds), or None if it has none:
+    large models reach a first solution much sooner from a hint."""
+    try:
+        from solvers.strategies import get_strategy
+
+        res = get_strategy("dtr")(graph, budget)
+    except Exception:  # a missing or failing heuristic only costs the hint
+        return None
+    return res.schedule if res.ok else None
+
+
 def solve_cpsat(
     graph: Graph,
     budget: int,
@@ -68,7 +81,8 @@ def solve_cpsat(
         time_limit: seconds for the search; the best incumbent is returned.
         isolate: run in the worker process (default: unless OR-Tools is already loaded
             here; see the module docstring).
-        options: ``max_computes`` (3), ``backward_once`` (True), ``hint`` (a Schedule),
+        options: ``max_computes`` (3), ``backward_once`` (True), ``hint`` (a Schedule;
+            by default, with ``auto_hint`` True, the DTR heuristic's schedule when it fits),
             ``workers`` (2), ``seed`` (0), ``progress`` (in-process runs only); see
             :func:`solvers.strategies.cpsat_model.solve_in_process`.
 
@@ -78,6 +92,9 @@ def solve_cpsat(
     Raises:
         SolverError: CP-SAT rejected the model, or the worker process died.
     """
+    if options.get("hint") is None and options.pop("auto_hint", True):
+        options["hint"] = _heuristic_hint(graph, budget)
+    options.pop("auto_hint", None)
     if isolate is None:
         isolate = _MODEL not in sys.modules or "ortools.sat.python.cp_model" not in sys.modules
     if not isolate:
