@@ -104,7 +104,7 @@ def optimize(
             was = new.training
             new.train()
             try:
-                _compiled_call(new.__dict__[_STATE], tuple(example_inputs), {})
+                new(*example_inputs)
             finally:
                 new.train(was)
     return new
@@ -144,7 +144,7 @@ def _compiled_call(state: CheckmateState, args: tuple[Any, ...], kwargs: dict[st
             f"the joint graph could not be planned: {type(inner).__name__}: {inner}; "
             "report it with the model, or run the model without checkmate"
         ) from inner
-    except torch._dynamo.exc.Unsupported as exc:
+    except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TraceError(
             f"torch.compile cannot capture the model in one graph: {first}; rewrite that "

@@ -168,18 +168,19 @@ def _costs(
     return profile_costs(gm, list(nodes), profile=profile, device=device)
 
 
-#: ops whose scratch space is measured (the ones known to need a lot on some backend)
-_SCRATCH_OPS = {
-    torch.ops.aten.convolution.default,
-    torch.ops.aten.convolution_backward.default,
-}
 _SCRATCH_CACHE: dict[str, int] = {}
+#: scratch below this many bytes is ignored (scalars wrapped into tensors, tiny reductions)
+_SCRATCH_MIN = 4096
 
 
 def _scratch_bytes(node: fx.Node) -> int:
     """Scratch bytes ``node`` allocates beyond its outputs, measured once per signature by
-    running the op on random inputs of its traced shapes (0 for ops not in _SCRATCH_OPS)."""
-    if node.target not in _SCRATCH_OPS:
+    running the op on random inputs of its traced shapes (random and mutating ops: 0, they
+    must not run outside the step)."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
+        return 0
+    if torch.Tag.nondeterministic_seeded in target.tags:
         return 0
     vals = fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
     key = repr((node.target, torch.utils._pytree.tree_map(_describe, vals)))
@@ -211,7 +212,8 @@ def _measure_scratch(node: fx.Node, vals: object) -> int:
         for t in torch.utils._pytree.tree_leaves(out[0])
         if isinstance(t, torch.Tensor)
     )
-    return max(int(peak) - int(produced), 0)
+    extra = int(peak) - int(produced)
+    return extra if extra >= _SCRATCH_MIN else 0
 
 
 def _describe(x: object) -> object:
