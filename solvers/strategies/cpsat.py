@@ -14,7 +14,9 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import multiprocessing as mp
+import os
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -40,9 +42,26 @@ _pool: ProcessPoolExecutor | None = None
 def _worker() -> ProcessPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"))
+        _pool = ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=mp.get_context("spawn"),
+            initializer=_watch_parent,
+            initargs=(os.getpid(),),
+        )
         atexit.register(_pool.shutdown, wait=False, cancel_futures=True)
     return _pool
+
+
+def _watch_parent(parent: int) -> None:
+    """In the worker: exit when the parent is gone. A parent that ends with ``os._exit``
+    (a forked multiprocessing child does) skips atexit and would leave the worker idle."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="cpsat-parent-watch").start()
 
 
 def _in_worker(graph: Graph, budget: int, deadline: float | None, options: dict[str, Any]) -> SolveResult:
