@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
+import json
 import multiprocessing as mp
+import subprocess
 import sys
 import time
 import traceback
@@ -60,6 +63,7 @@ QUICK_TIME_LIMIT = 8.0
 TIME_LIMIT = 60.0
 #: issue 5: random_layered_n1000 at 0.8 gets 300 s
 SPECIAL_LIMITS = {("random_layered_n1000", 0.8): 300.0}
+TRACE_TIMEOUT = 900
 GUARD = 2.0  # a child gets GUARD * time_limit + 30 s of wall clock before it is killed
 
 
@@ -246,6 +250,35 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
             w.writerow({k: v for k, v in asdict(r).items() if k != "steps"})
 
 
+def trace_models(out_dir: Path) -> tuple[list[Path], list[str]]:
+    """Trace the GPT-2-small-like and ResNet-50-like models (``benchmarks.traced``) in a
+    subprocess, so this process never imports torch. Returns the graph files and notes."""
+    if importlib.util.find_spec("torch") is None:
+        return [], ["not run: torch is not installed"]
+    cmd = [sys.executable, "-m", "benchmarks.traced", str(out_dir)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TRACE_TIMEOUT, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        return [], [f"not run: tracing took more than {TRACE_TIMEOUT} s"]
+    notes, paths = [], []
+    for line in proc.stdout.splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "error" in rec:
+            notes.append(f"{rec['name']}: trace failed: {rec['error']}")
+            continue
+        notes.append(
+            f"{rec['name']}: traced + profiled (cpu profile) in {rec['trace_seconds']} s, "
+            f"{rec['graphs']} graph(s) of {rec['nodes']} nodes"
+        )
+        paths += sorted(out_dir.glob(f"traced_{rec['name']}*.json"))
+    if proc.returncode != 0 and not notes:
+        notes.append(f"not run: {proc.stderr.strip().splitlines()[-1:] or proc.returncode}")
+    return paths, notes
+
+
 def read_csv(path: Path) -> list[Row]:
     """Rows back from a CSV written by :func:`write_csv`."""
     types = {f.name: f.type for f in fields(Row)}
@@ -292,8 +325,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         loaded = [r for f in args.tables_from.split(",") if f for r in read_csv(Path(f))]
         limit = args.time_limit if args.time_limit is not None else TIME_LIMIT
         notes = [f"tables from {', '.join(Path(f).name for f in args.tables_from.split(',') if f)}"]
-        if not args.no_traced:
-            notes.append(f"traced models (GPT-2-small-like, ResNet-50-like): {tables.traced_status()}")
         md = tables.markdown(loaded, notes, limit, float("nan"), CHECKMATE_GRAPHS)
         (RESULTS_DIR / "README_tables.md").write_text(md)
         print(f"wrote {RESULTS_DIR / 'README_tables.md'} from {len(loaded)} rows")
@@ -307,9 +338,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths = [p for p in paths if p.stem in QUICK_GRAPHS]
         budgets = tuple(float(b) for b in args.budgets.split(",") if b) or QUICK_BUDGETS
         time_limit = args.time_limit if args.time_limit is not None else QUICK_TIME_LIMIT
-    if args.only:
-        keys = [k.lower() for k in args.only.split(",") if k]
+    keys = [k.lower() for k in args.only.split(",") if k]
+    if keys:
         paths = [p for p in paths if any(k in p.stem.lower() for k in keys)]
+    traced_notes: list[str] = []
+    if args.no_traced or args.quick:
+        traced_notes.append("not run (--no-traced or --quick)")
+    elif keys and not any(k in "traced_gpt2_small traced_resnet50_like" for k in keys):
+        traced_notes.append("not run (--only)")
+    else:
+        traced_paths, traced_notes = trace_models(RESULTS_DIR / "graphs")
+        paths += [p for p in traced_paths if not keys or any(k in p.stem.lower() for k in keys)]
     wanted = [s for s in args.strategies.split(",") if s] or list(STRATEGIES)
     strategies, notes = available_strategies(wanted)
     if not gdir.is_dir():
@@ -325,8 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for p in paths:
         rows.extend(bench_graph(p, budgets, strategies, time_limit, log))
         write_csv(rows, RESULTS_DIR / f"{name}.csv")  # partial results survive an interrupt
-    traced_note = "not run (--no-traced)" if args.no_traced or args.quick else tables.traced_status()
-    notes.append(f"traced models (GPT-2-small-like, ResNet-50-like): {traced_note}")
+    notes += [f"traced models (GPT-2-small-like, ResNet-50-like): {t}" for t in traced_notes]
     write_csv(rows, RESULTS_DIR / f"{name}.csv")
     md = tables.markdown(rows, notes, time_limit, time.perf_counter() - t0, CHECKMATE_GRAPHS)
     (RESULTS_DIR / ("README_tables.md" if name == "bench" else f"{name}_tables.md")).write_text(md)

@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["markdown", "targets", "traced_status"]
+__all__ = ["markdown", "targets"]
 
 TARGET_RATIO = 1.02
 TARGET_SECONDS = 60.0
@@ -27,18 +27,6 @@ def _seconds(r: Any) -> float:
 
 def _run_time(seconds: float) -> str:
     return "" if seconds != seconds else f"; whole run {seconds / 60:.1f} min"  # NaN: unknown
-
-
-def traced_status() -> str:
-    """Whether the traced-model benchmarks can run here (they need the PyTorch front end)."""
-    try:
-        import checkmate
-
-        if not hasattr(checkmate, "optimize"):
-            return "not run: checkmate.optimize is not available yet"
-    except Exception as exc:  # the front end is optional for the solver benchmarks
-        return f"not run: {type(exc).__name__}: {exc}"
-    return "not run: the traced-model benchmark is not wired into benchmarks.run yet"
 
 
 def targets(rows: Sequence[Any], checkmate_graphs: Sequence[str]) -> list[str]:
