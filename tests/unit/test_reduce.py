@@ -130,3 +130,27 @@ def _pin(graph: Graph, fixed: np.ndarray) -> Graph:
         [(graph.nodes[u].ext, graph.nodes[v].ext) for u, v in graph.edges],
         order=[nd.ext for nd in graph.nodes],
     )
+
+
+def test_milp_optimum_is_preserved_when_the_milp_is_available() -> None:
+    """The Checkmate MILP (HiGHS) on the reduced graph plus the offset equals its optimum
+    on the original graph, and the expanded MILP schedule validates at the same budget."""
+    from solvers.errors import CheckmateError
+    from solvers.strategies import get_strategy
+
+    try:
+        ilp = get_strategy("ilp")
+    except CheckmateError as exc:
+        pytest.skip(f"the MILP strategy is not available: {exc}")
+    for seed in range(3):
+        g = random_dag(seed, 12, p_edge=0.2, zero_frac=0.3)
+        red, inv = reduce_graph(g)
+        assert red.n < g.n
+        budget = (memory_lower_bound(g) + keep_all_peak(g)) // 2
+        full = ilp(g, budget, time_limit=30)
+        small = ilp(red, budget, time_limit=30)
+        assert full.status.value == small.status.value == "optimal"
+        assert small.cost is not None and small.schedule is not None
+        assert small.cost + inv.cost_offset == pytest.approx(full.cost)
+        sim = validate(g, expand_schedule(small.schedule, inv), budget)
+        assert sim.cost == pytest.approx(full.cost)
