@@ -18,8 +18,10 @@ build per method; same batch) for one step = forward + loss + backward, on CPU, 
 
 Measured for each: the peak bytes allocated during a step beyond what was live before
 (:func:`checkmate.memory.measure_peak`, the same tracker for every method); step time
-(median over steps that alternate with the reference eager model, overhead = median of the
-per-pair ratios - 1, so load drifting on a shared machine cancels); the max abs difference
+as the process's CPU time (with one torch thread, the work itself: time the shared machine
+gives to other processes is not counted; wall time is recorded too) over steps alternating
+with the reference eager model, overhead = median of the per-pair ratios - 1, so load that
+drifts during the run cancels; the max abs difference
 of every parameter gradient and buffer from eager's after one step from the same state; and
 with dropout p=0.1 (same seed before the step), whether the gradients still equal eager's.
 
@@ -99,6 +101,9 @@ class Row:
     step_s: float | None = None
     eager_s: float | None = None
     overhead: float | None = None
+    wall_s: float | None = None
+    eager_wall_s: float | None = None
+    wall_overhead: float | None = None
     grad_err: float | None = None
     buffer_err: float | None = None
     dropout_err: float | None = None
@@ -111,7 +116,9 @@ class Row:
     @property
     def label(self) -> str:
         """Short name of this point, as checkmate rows cite it (``pt 0.6``)."""
-        return {"pt-budget": f"pt {self.knob}", "eager": "eager"}.get(self.method, self.method)
+        if self.method == "pt-budget":
+            return f"pt {self.knob}"
+        return f"checkmate {self.knob}" if self.method == "checkmate" else self.method
 
 
 @dataclass
@@ -240,29 +247,46 @@ def _peak(model: nn.Module, step: Step) -> int:
     return peak
 
 
-def _timed(model: nn.Module, step: Step) -> float:
+def _timed(model: nn.Module, step: Step) -> tuple[float, float]:
+    """(CPU seconds of this process, wall seconds) of one step."""
     model.zero_grad(set_to_none=True)
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     step().backward()
-    return time.perf_counter() - t0
+    return time.process_time() - c0, time.perf_counter() - t0
 
 
-def _paired_times(
-    model: nn.Module, step: Step, ref: nn.Module, ref_step: Step, n: int
-) -> tuple[float, float, float]:
-    """(median step s, median eager s, median per-pair ratio), alternating which runs first."""
-    mine, theirs, ratios = [], [], []
+@dataclass(frozen=True)
+class Timing:
+    """Medians of steps alternating with the reference eager model."""
+
+    cpu_s: float
+    eager_cpu_s: float
+    ratio: float  # median of per-pair CPU-time ratios
+    wall_s: float
+    eager_wall_s: float
+    wall_ratio: float
+
+
+def _paired_times(model: nn.Module, step: Step, ref: nn.Module, ref_step: Step, n: int) -> Timing:
+    """Time ``n`` pairs (method, eager), alternating which runs first."""
+    mine: list[tuple[float, float]] = []
+    theirs: list[tuple[float, float]] = []
     for i in range(n):
         if i % 2:
-            a = _timed(model, step)
-            b = _timed(ref, ref_step)
+            mine.append(_timed(model, step))
+            theirs.append(_timed(ref, ref_step))
         else:
-            b = _timed(ref, ref_step)
-            a = _timed(model, step)
-        mine.append(a)
-        theirs.append(b)
-        ratios.append(a / b)
-    return statistics.median(mine), statistics.median(theirs), statistics.median(ratios)
+            theirs.append(_timed(ref, ref_step))
+            mine.append(_timed(model, step))
+    med = statistics.median
+    return Timing(
+        cpu_s=med(a for a, _ in mine),
+        eager_cpu_s=med(b for b, _ in theirs),
+        ratio=med(a / b for (a, _), (b, _) in zip(mine, theirs, strict=True)),
+        wall_s=med(w for _, w in mine),
+        eager_wall_s=med(w for _, w in theirs),
+        wall_ratio=med(a / b for (_, a), (_, b) in zip(mine, theirs, strict=True)),
+    )
 
 
 @contextlib.contextmanager
@@ -307,8 +331,9 @@ def measure(
             row.buffer_err = _max_err(buffers, ref.buffers)
             row.peak = _peak(model, step)
             row.peak_frac = row.peak / ref.peak
-            row.step_s, row.eager_s, ratio = _paired_times(model, step, ref.model, ref_step, cfg.steps)
-            row.overhead = ratio - 1.0
+            t = _paired_times(model, step, ref.model, ref_step, cfg.steps)
+            row.step_s, row.eager_s, row.overhead = t.cpu_s, t.eager_cpu_s, t.ratio - 1.0
+            row.wall_s, row.eager_wall_s, row.wall_overhead = t.wall_s, t.eager_wall_s, t.wall_ratio - 1.0
             del model, step
         if cfg.dropout > 0:
             with _fresh_dynamo():
@@ -323,7 +348,9 @@ def measure(
         from solvers.errors import CheckmateError
 
         kind = "no plan" if isinstance(exc, CheckmateError) else "failed"
-        row.status = f"{kind}: {type(exc).__name__}: {str(exc).splitlines()[0][:240]}"
+        # the first clause says what happened; the advice after "; " is for users, not tables
+        what = str(exc).splitlines()[0].split("; ")[0] if str(exc).strip() else ""
+        row.status = f"{kind}: {type(exc).__name__}: {what[:200]}"
     if notes:
         row.note = "; ".join(dict.fromkeys(notes))
     return row
@@ -470,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     cfg = Config(models=tuple(a.models.split(",")))
     cfg = (
-        replace(cfg, size="quick", steps=7, time_limit=10.0)
+        replace(cfg, size="quick", steps=9, time_limit=8.0, merge=0.03)
         if a.quick
         else replace(cfg, size="small", steps=20, warmup=2, time_limit=60.0)
     )

@@ -81,7 +81,7 @@ def _cells(r: Row) -> list[str]:
         r.target or "-",
         f"{(r.peak or 0) / 2**20:.2f}",
         f"{r.peak_frac:.2f}",
-        f"{100 * (r.overhead or 0):+.1f}%",
+        f"{100 * (r.overhead or 0):+.1f}% ({100 * (r.wall_overhead or 0):+.0f}%)",
         _fmt_err(r.grad_err),
         _fmt_err(r.buffer_err),
         drop,
@@ -103,7 +103,7 @@ def _comparison(rows: list[Row]) -> list[str]:
             lines.append(head + " -> no checkmate run at this peak")
             continue
         if cm.status != "ok" or cm.peak is None:
-            lines.append(head + f" -> checkmate: {cm.status}. **Not ahead.**")
+            lines.append(head + f" -> checkmate: {cm.status.split(':')[0]}. **Not ahead.**")
             continue
         same_mem = cm.peak <= SAME_MEMORY * peer.peak
         faster = (cm.overhead or 0) < (peer.overhead or 0)
@@ -112,7 +112,7 @@ def _comparison(rows: list[Row]) -> list[str]:
         if not same_mem:
             why.append(f"measured peak {cm.peak / peer.peak:.2f}x the peer's")
         if not faster:
-            why.append("not faster")
+            why.append(f"slower, at {cm.peak / peer.peak:.2f}x the peer's memory")
         lines.append(
             head + f" -> checkmate {cm.peak / 2**20:.2f} MiB, {100 * (cm.overhead or 0):+.1f}% time: "
             f"{verdict}" + (f" ({', '.join(why)})" if why else "")
@@ -135,8 +135,10 @@ def markdown(rows: list[Row], cfg: Config, command: str, wall_s: float) -> str:
         "Peak = bytes allocated during the step beyond what was live before it "
         "(`checkmate.memory.measure_peak`, the same dispatch-mode tracker for every method). "
         f"Step-time overhead = median over {cfg.steps} steps alternating with the reference eager model "
-        "of the per-pair time ratio, minus 1; the eager row times a second eager model, so its "
-        "overhead is the noise floor of this run (the machine is shared). Errors are the max abs "
+        "of the per-pair ratio of CPU time (process time: with one torch thread this is the step's own "
+        "work, not the time the shared machine gave to other processes), minus 1; wall-clock in "
+        "parentheses. The eager row times a second eager model, so its overhead is the noise floor "
+        "of this run. Errors are the max abs "
         "difference from eager after one step from the same state (gradients; buffers = BatchNorm "
         f"running statistics). Dropout: every dropout at p={cfg.dropout}, the same seed before the "
         "step; 'yes' = gradients equal eager's within rounding (the number is the max abs difference). "
@@ -157,10 +159,21 @@ def markdown(rows: list[Row], cfg: Config, command: str, wall_s: float) -> str:
         out += ["| " + " | ".join(_cells(r)) + " |" for r in mrows]
         eager = next((r for r in mrows if r.method == "eager" and r.step_s), None)
         if eager is not None:
-            out += ["", f"Eager step: {eager.eager_s:.3f} s (median)."]
+            out += ["", f"Eager step: {eager.eager_s:.3f} s CPU, {eager.eager_wall_s:.3f} s wall (medians)."]
         notes = [f"- {r.knob} (= {r.target}): {r.note}" for r in mrows if r.note]
         if notes:
             out += ["", "checkmate plans:", "", *notes]
+        differ = [r.label for r in mrows if r.dropout_equal is False]
+        same = [r.label for r in mrows if r.dropout_equal is True]
+        if differ or same:
+            out += [
+                "",
+                "Dropout: gradients equal eager's for "
+                + (", ".join(same) or "none")
+                + "; **differ** for "
+                + (", ".join(differ) or "none")
+                + ".",
+            ]
         comp = _comparison(mrows)
         if comp:
             out += ["", "At equal memory (checkmate planned at each point's measured peak):", "", *comp]
@@ -186,14 +199,15 @@ def plot(rows: list[Row], path: Path) -> None:
     for ax, model in zip(axes[0], models, strict=True):
         mrows = [r for r in rows if r.model == model]
         for method, (color, marker) in styles.items():
-            pts = sorted(
+            # in knob order (budget falling), so a curve that turns back shows as one
+            pts = [
                 (r.peak_frac, 100 * r.overhead, r.knob)
                 for r in mrows
                 if r.method == method
                 and r.status == "ok"
                 and r.peak_frac is not None
                 and r.overhead is not None
-            )
+            ]
             if pts:
                 xs, ys, _ = zip(*pts, strict=True)
                 ax.plot(
