@@ -1,0 +1,129 @@
+"""Joint graph -> solvers.Graph: what becomes a node, what is folded, what is pinned."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.fx as fx  # noqa: E402
+from torch._dynamo.backends.common import aot_autograd  # noqa: E402
+from torch._functorch.partitioners import default_partition  # noqa: E402
+
+from checkmate.codegen import generate  # noqa: E402
+from checkmate.memory import measure_peak  # noqa: E402
+from checkmate.trace import SINK, JointGraph, build_graph, is_view_op  # noqa: E402
+from solvers.schedule import keep_all_peak, schedule_from_order, simulate  # noqa: E402
+from tests.integration import _models as M  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def _joint(model: Any, *inputs: Any) -> tuple[fx.GraphModule, JointGraph]:
+    """Capture the joint graph AOTAutograd builds for one training step of ``model``."""
+    captured: dict[str, Any] = {}
+
+    def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kw: Any) -> Any:
+        captured["jg"] = build_graph(joint, num_fwd_outputs, lambda nodes: [1.0] * len(nodes))
+        captured["gm"] = joint
+        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw)
+
+    backend = aot_autograd(fw_compiler=lambda g, _: g, bw_compiler=lambda g, _: g, partition_fn=partition)
+    out = torch.compile(model, backend=backend, dynamic=False)(*inputs)
+    first = out if isinstance(out, torch.Tensor) else out[0]
+    first.sum().backward()
+    return captured["gm"], captured["jg"]
+
+
+def test_views_are_folded_and_placeholders_are_not_nodes() -> None:
+    gm, jg = _joint(M.MLP(16, 2), torch.randn(8, 16))
+    keys = set(jg.graph.ext_ids())
+    for n in gm.graph.nodes:
+        if is_view_op(n):  # aten.t of the weights, views of activations: never nodes
+            assert n.name not in keys
+        if n.op == "placeholder" and n.name.startswith("primals"):
+            assert n.name not in keys and n.name not in jg.group
+    tangents = [n for n in jg.graph.nodes if n.name.startswith("tangents")]
+    assert tangents and all(t.backward and not t.recomputable for t in tangents)
+    assert jg.graph.nodes[jg.sink].key == SINK
+    # every forward node precedes every backward node
+    bwd = jg.graph.backward_mask
+    assert not bwd[: int(bwd.argmax())].any() and bwd[int(bwd.argmax()) :].all()
+
+
+def test_view_output_shares_the_bytes_of_its_base() -> None:
+    class ViewOut(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+
+        def forward(self, x: Any) -> Any:
+            h = self.lin(x).relu()
+            return h.view(-1) + 0, h.t()  # an output that is a view of an activation
+
+    _, jg = _joint(ViewOut(), torch.randn(8, 16))
+    relu = next(n for n in jg.graph.nodes if n.op == "aten.relu.default")
+    assert relu.mem == 8 * 16 * 4  # counted once although it is also an output's base
+    assert not relu.recomputable  # held by the caller: computed once
+    assert relu.id in jg.graph.preds[jg.sink]
+
+
+def test_dropout_outputs_are_separate_fixed_nodes_in_the_forward() -> None:
+    _, jg = _joint(M.TinyTransformer(32, 32, 1, p=0.1), torch.randint(0, 32, (2, 8)))
+    drop = [n for n in jg.graph.nodes if n.op == "aten.native_dropout.default"]
+    assert drop, "native_dropout should be in the joint graph"
+    # output and mask are separate nodes (they die at different times), neither recomputable
+    assert len(drop) == 2 * 3 and all(not n.recomputable and not n.backward for n in drop)
+    assert {n.id for n in drop} <= jg.forward_required
+    masks = [n for n in drop if n.mem * 4 == drop[0].mem or n.mem == drop[0].mem // 4]
+    assert masks, "the bool mask is a quarter of the float output"
+
+
+def test_batchnorm_running_stats_are_held_not_its_output() -> None:
+    _, jg = _joint(M.SmallCNN(4, 1), torch.randn(2, 3, 8, 8))
+    bn = [n for n in jg.graph.nodes if n.op.startswith("aten._native_batch_norm_legit_functional")]
+    big = [n for n in bn if n.mem == 2 * 4 * 8 * 8 * 4]  # the normalized activations
+    small = [n for n in bn if n.mem == 4 * 4]  # running mean/var updates (forward outputs)
+    assert big and all(n.recomputable for n in big)
+    assert small and any(not n.recomputable for n in small)
+    assert jg.mutated, "the running statistics are inputs the step mutates"
+
+
+@pytest.mark.parametrize("make", [lambda: M.MLP(64, 3), lambda: M.TinyTransformer(64, 64, 1)])
+def test_keep_all_plan_simulates_what_the_generated_step_measures(make: Any) -> None:
+    """The keep-all schedule's simulated peak equals the measured peak of the generated
+    forward+backward modules run on real tensors (both without the caller's own code)."""
+    torch.manual_seed(0)
+    model = make()
+    x = torch.randn(128, 64) if isinstance(model, M.MLP) else torch.randint(0, 64, (8, 32))
+    gm, jg = _joint(model, x)
+    sched = schedule_from_order(jg.graph, range(jg.graph.n))
+    mods = generate(gm, jg, sched)
+    assert mods.recomputes == 0
+
+    def real(v: Any) -> Any:  # values do not matter for memory; shapes and dtypes do
+        if v.dtype.is_floating_point:
+            return torch.randn(v.shape, dtype=v.dtype)
+        return torch.randint(0, 2, v.shape, dtype=v.dtype)
+
+    phs = [p for p in gm.graph.nodes if p.op == "placeholder"]
+    primals = [real(p.meta["val"]) for p in phs if p.name.startswith("primals")]
+    tangents = [real(p.meta["val"]) for p in phs if p.name.startswith("tangents")]
+    n_out = jg.num_fwd_outputs
+
+    def step() -> None:
+        with torch.no_grad():
+            outs = list(mods.forward(list(primals)))
+            held = outs[:n_out]  # the caller holds the outputs to the end, as the sink does
+            args = outs[n_out:] + [t.clone() for t in tangents]
+            del outs  # the backward's boxed call frees each saved value after its last use
+            grads = mods.backward(args)
+            del held, grads
+
+    step()
+    measured = measure_peak(step)
+    simulated = simulate(jg.graph, sched).peak
+    assert simulated == keep_all_peak(jg.graph)
+    assert abs(measured - simulated) <= 0.05 * simulated, (measured, simulated)
