@@ -33,7 +33,14 @@ from solvers.graph import Graph
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
 from solvers.schedule import schedule_from_rs, simulate
 from solvers.stages import complete_rs, rs_cost, stage_memory
-from solvers.strategies.ilp import MilpModel, formulate, lagrangian_bound, liveness_masks, problem_of
+from solvers.strategies.ilp import (
+    MilpModel,
+    formulate,
+    lagrangian_bound,
+    liveness_masks,
+    problem_of,
+    reduced_costs,
+)
 
 __all__ = ["solve_lp_rounding", "round_threshold_sweep", "thresholds_for"]
 
@@ -101,6 +108,7 @@ def solve_lp_rounding(
     threads: int | None = None,
     progress: ProgressFn | None = None,
     support: str = "liveness",
+    pricing_rounds: int = 3,
     log: bool = False,
 ) -> SolveResult:
     """LP relaxation + two-phase rounding (strategy ``"lp-rounding"``).
@@ -123,6 +131,9 @@ def solve_lp_rounding(
             certifies the bound on the full model with its duals
             (:func:`~solvers.strategies.ilp.lagrangian_bound`); "full" solves the full LP.
             Falls back to the full LP when the restricted one is infeasible.
+        pricing_rounds: when the restricted LP's bound is not certified, at most this
+            many rounds of column generation (admit the R and S columns whose reduced
+            cost on the full model is negative, re-solve).
         log: print HiGHS's log.
 
     Returns:
@@ -146,8 +157,9 @@ def solve_lp_rounding(
         )
     full = formulate(graph, budget)
     model = full
+    masks = liveness_masks(graph)
     if support == "liveness":
-        model = formulate(graph, budget, support=liveness_masks(graph))
+        model = formulate(graph, budget, support=masks)
     elif support != "full":
         raise ValueError(f"support must be 'liveness' or 'full', not {support!r}")
     build = time.perf_counter() - t0
@@ -213,14 +225,38 @@ def solve_lp_rounding(
             break
         if res.x is None:
             continue
-        if factor == 1.0 and res.row_dual is not None and res.objective is not None:
+        rounds = 0
+        while factor == 1.0 and res.row_dual is not None and res.objective is not None:
             # a valid bound for the full model from these duals, whatever the support
             cert = lagrangian_bound(full, model.row_key, res.row_dual)
-            lower = cert * full.cost_unit
+            lower = max(lower or -np.inf, cert * full.cost_unit)
             info["lp_objective"] = res.objective * model.cost_unit
             info["lp_certified"] = cert >= res.objective - 1e-7 * max(1.0, abs(res.objective))
+            if info["lp_certified"] or model is full or rounds >= pricing_rounds:
+                break
+            if deadline is not None and time.perf_counter() >= deadline:
+                break
+            # column generation: admit the R and S columns that price out negative
+            d = reduced_costs(full, model.row_key, res.row_dual)
+            fi = full.index
+            new_r = d[: fi.num_r] < -1e-7
+            new_s = d[fi.s_off : fi.u_off] < -1e-7
+            if not (new_r.any() or new_s.any()):
+                break
+            masks = (masks[0].copy(), masks[1].copy())
+            masks[0][fi.r_t[new_r], fi.r_i[new_r]] = True
+            masks[1][fi.s_t[new_s], fi.s_i[new_s]] = True
+            grown = formulate(graph, budget, support=masks)
+            rounds += 1
+            nxt = lp(grown, factor)
+            if nxt.x is None:
+                break
+            model, res = grown, nxt
+            info.update(num_vars=model.num_vars, num_constraints=model.num_constraints, pricing_rounds=rounds)
         report(f"LP at {factor:g} x budget")
-        found = round_threshold_sweep(graph, budget, model.index.dense_s(res.x), thresholds, deadline)
+        x = res.x
+        assert x is not None
+        found = round_threshold_sweep(graph, budget, model.index.dense_s(x), thresholds, deadline)
         if found is not None and (best is None or found[2] < best[2]):
             best, best_factor = found, factor
         report(f"rounded LP at {factor:g} x budget")
