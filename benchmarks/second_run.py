@@ -15,8 +15,9 @@ behaviour, only adds clocks) and prints one JSON line:
 - ``trace_s``: Dynamo + AOTAutograd capture (the ``optimize`` call's wall time outside the
   partitioner) plus building the :class:`solvers.Graph` from the joint graph (excluding the
   cost callbacks);
-- ``profile_s``: op timing (``checkmate.runtime._costs``) and convolution scratch
-  measurement (``_scratch_bytes``);
+- ``profile_s``: op timing (``checkmate.runtime._costs``; persistent op-time cache) and
+  scratch-space measurement (``_scratch_bytes``, cached in memory only), the latter also
+  as ``scratch_s``;
 - ``solve_s``: ``cached_solve`` (on a hit: reading the plan file and re-validating it);
 - ``codegen_s``: generating the rematerialized forward and backward;
 - ``planning_s`` = profile + solve + codegen (tracing aside: both runs trace the same way);
@@ -190,6 +191,7 @@ def child_main(model_name: str, strategy: str, budget: float, time_limit: float)
         "total_s": total,
         "trace_s": trace,
         "profile_s": profile,
+        "scratch_s": clock.get("scratch"),
         "solve_s": solve,
         "codegen_s": codegen,
         "planning_s": profile + solve + codegen,
@@ -254,6 +256,8 @@ class Row:
     same_plan: bool
     budget: float = 0.0
     status: str = "ok"
+    first_scratch_s: float = float("nan")
+    second_scratch_s: float = float("nan")
 
 
 def run_child(
@@ -349,6 +353,9 @@ def run_pair(
         same_plan=(
             d1["plan_paths"] == d2["plan_paths"] and d1["cost"] == d2["cost"] and d1["peak"] == d2["peak"]
         ),
+        budget=budget,
+        first_scratch_s=float(d1["scratch_s"]),
+        second_scratch_s=float(d2["scratch_s"]),
     )
     return row, first, second
 
@@ -415,13 +422,14 @@ def markdown(rows: Sequence[Row], *, time_limit: float, wall_s: float) -> str:
         "",
         "Stages (seconds), first run / second run:",
         "",
-        "| model | strategy | trace | profile | solve / load+validate | codegen |",
+        "| model | strategy | trace | profile (of which scratch) | solve / load+validate | codegen |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for r in ok:
         lines.append(
             f"| {r.model} | {r.strategy} | {r.first_trace_s:.2f} / {r.second_trace_s:.2f} | "
-            f"{r.first_profile_s:.3f} / {r.second_profile_s:.3f} | "
+            f"{r.first_profile_s:.3f} ({r.first_scratch_s:.3f}) / "
+            f"{r.second_profile_s:.3f} ({r.second_scratch_s:.3f}) | "
             f"{r.first_solve_s:.3f} / {r.second_solve_s:.3f} | "
             f"{r.first_codegen_s:.3f} / {r.second_codegen_s:.3f} |"
         )
