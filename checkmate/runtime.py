@@ -27,7 +27,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from checkmate.cache import cached_solve
 from checkmate.codegen import SplitModules, generate
-from checkmate.trace import JointGraph, build_graph
+from checkmate.trace import JointGraph, build_graph, recompute_dropout_from_mask
 from solvers.errors import InfeasibleBudgetError, SolverError
 from solvers.result import SolveResult, Status
 from solvers.schedule import keep_all_peak
@@ -107,6 +107,7 @@ class Planner:
         """AOTAutograd's partition hook: plan the joint graph and generate its two halves."""
         start = time.perf_counter()
         device = _device_of(joint)
+        recompute_dropout_from_mask(joint)
         jg = build_graph(
             joint,
             num_fwd_outputs,

@@ -45,7 +45,7 @@ import torch.fx as fx
 from solvers.errors import TraceError
 from solvers.graph import Graph
 
-__all__ = ["JointGraph", "build_graph", "is_view_op", "SINK"]
+__all__ = ["JointGraph", "build_graph", "is_view_op", "recompute_dropout_from_mask", "SINK", "WORKSPACE"]
 
 #: key of the sink node that reads every output of the step
 SINK = "__outputs__"
@@ -90,6 +90,52 @@ class JointGraph:
     @property
     def sink(self) -> int:
         return self.graph.n - 1
+
+
+def recompute_dropout_from_mask(gm: fx.GraphModule) -> int:
+    """Make dropout's output recomputable: ``out = native_dropout_backward(x, mask, scale)``.
+
+    A random op runs exactly once (its randomness cannot be replayed), and so far its output
+    could then only be kept, never recomputed, which pins everything downstream of every
+    dropout. Here the op still runs once and its mask is kept, while its output becomes a
+    deterministic op of the input and the mask (the very kernel that computes dropout's
+    gradient; on CPU its result equals dropout's output bit for bit). Mutates ``gm``.
+
+    Returns:
+        The number of dropouts rewritten.
+    """
+    done = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.native_dropout.default:
+            continue
+        if len(node.args) < 3 or node.args[2] is not True:
+            continue
+        p = float(node.args[1])  # type: ignore[arg-type]
+        outs = {u.args[1]: u for u in node.users if u.target is operator.getitem}
+        if 0 not in outs or p >= 1.0:
+            continue
+        if 1 not in outs:
+            with gm.graph.inserting_after(outs[0]):
+                outs[1] = gm.graph.call_function(operator.getitem, (node, 1))
+            outs[1].meta["val"] = node.meta["val"][1]
+        with gm.graph.inserting_after(max(outs.values(), key=lambda u: _position(gm, u))):
+            redo = gm.graph.call_function(
+                torch.ops.aten.native_dropout_backward.default, (node.args[0], outs[1], 1.0 / (1.0 - p))
+            )
+        redo.meta = dict(outs[0].meta)
+        outs[0].replace_all_uses_with(redo)
+        gm.graph.erase_node(outs[0])
+        done += 1
+    if done:
+        gm.recompile()
+    return done
+
+
+def _position(gm: fx.GraphModule, node: fx.Node) -> int:
+    for k, n in enumerate(gm.graph.nodes):
+        if n is node:
+            return k
+    raise AssertionError(node)
 
 
 def is_view_op(node: fx.Node) -> bool:

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 
 import checkmate  # noqa: E402
 from checkmate.api import plans_of  # noqa: E402
+from checkmate.memory import measure_peak  # noqa: E402
 from tests.integration import _models as M  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.torch
 Case = tuple[Callable[[], Any], Callable[[], tuple[Any, ...]], Callable[[Any], Any]]
 #: budgets (fractions of the no-remat peak) at which the auto strategy finds a plan that
 #: recomputes within the test's time limit on this machine
-BUDGET = {"mlp": 0.75, "cnn_bn_residual": 0.7, "transformer_dropout": 0.7, "multi_output_kwargs": 0.8}
+BUDGET = {"mlp": 0.75, "cnn_bn_residual": 0.85, "transformer_dropout": 0.5, "multi_output_kwargs": 0.8}
 
 
 def _mse(out: Any) -> Any:
@@ -108,7 +109,7 @@ def test_gradients_equal_eager_under_a_tight_budget(name: str) -> None:
 def test_batchnorm_running_stats_updated_once_per_step() -> None:
     torch.manual_seed(0)
     eager = M.SmallCNN(8, 2)
-    opt = checkmate.optimize(copy.deepcopy(eager), 0.7, strategy="auto", profile="cpu", time_limit=4)
+    opt = checkmate.optimize(copy.deepcopy(eager), 0.85, strategy="auto", profile="cpu", time_limit=4)
     x = torch.randn(4, 3, 16, 16)
     for _ in range(3):
         opt(x).sum().backward()
@@ -136,22 +137,34 @@ def test_optimizer_steps_and_gradient_accumulation_match_eager() -> None:
     assert all(p is q for p, q in zip(opt_model.parameters(), model.parameters()))
 
 
-def test_gpt2_with_dropout_matches_eager() -> None:
-    """A Hugging Face GPT-2 (tiny random config, ModelOutput outputs), dropout 0.1."""
+def test_gpt2_with_dropout_matches_eager_within_budget() -> None:
+    """A Hugging Face GPT-2 (tiny random config, ModelOutput outputs), dropout 0.1, at 60%
+    of the eager step's measured peak: bitwise equal logits and gradients, and the measured
+    peak within 5% of the budget."""
     pytest.importorskip("transformers")
     torch.manual_seed(0)
     eager = M.gpt2(n_layer=2, n_embd=64, dropout=0.1)
-    model = checkmate.optimize(copy.deepcopy(eager), 0.7, strategy="auto", profile="cpu", time_limit=8)
-    idx = torch.randint(0, 128, (4, 32))
-    torch.manual_seed(3)
-    out = model(idx)
-    _mse(out.logits).backward()
-    torch.manual_seed(3)
-    ref = eager(idx)
-    _mse(ref.logits).backward()
-    assert torch.equal(out.logits, ref.logits)
+    idx = torch.randint(0, 128, (8, 48))
+
+    def step(m: Any, seed: int) -> Any:
+        torch.manual_seed(seed)
+        out = m(idx)
+        out.logits.mean().backward()
+        return out.logits.detach()
+
+    step(eager, 0)
+    eager.zero_grad(set_to_none=True)
+    peak = measure_peak(lambda: step(eager, 0))
+    eager.zero_grad(set_to_none=True)
+    budget = int(0.6 * peak)
+    model = checkmate.optimize(copy.deepcopy(eager), budget, strategy="auto", profile="cpu", time_limit=8)
+    assert torch.equal(step(model, 3), step(eager, 3))
     assert plans_of(model)[0].recomputes > 0
     _assert_same(_grads(model, ()), _grads(eager, ()), "gradient")
+    model.zero_grad(set_to_none=True)
+    measured = measure_peak(lambda: step(model, 4))
+    print(f"\ngpt2+dropout at 60%: eager {peak:,} B, budget {budget:,} B, measured {measured:,} B")
+    assert measured <= 1.05 * budget
 
 
 def test_eval_and_no_grad_run_the_original_forward() -> None:

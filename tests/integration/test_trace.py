@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from torch._functorch.partitioners import default_partition  # noqa: E402
 
 from checkmate.codegen import generate  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
-from checkmate.trace import SINK, JointGraph, build_graph, is_view_op  # noqa: E402
+from checkmate.trace import SINK, JointGraph, build_graph, is_view_op, recompute_dropout_from_mask  # noqa: E402
 from solvers.schedule import keep_all_peak, schedule_from_order, simulate  # noqa: E402
 from tests.integration import _models as M  # noqa: E402
 
@@ -27,14 +28,21 @@ def _joint(model: Any, *inputs: Any) -> tuple[fx.GraphModule, JointGraph]:
 
     def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kw: Any) -> Any:
         captured["jg"] = build_graph(joint, num_fwd_outputs, lambda nodes: [1.0] * len(nodes))
-        captured["gm"] = joint
+        captured["gm"] = copy.deepcopy(joint)
+        captured["num_fwd_outputs"] = num_fwd_outputs
         return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw)
 
     backend = aot_autograd(fw_compiler=lambda g, _: g, bw_compiler=lambda g, _: g, partition_fn=partition)
     out = torch.compile(model, backend=backend, dynamic=False)(*inputs)
     first = out if isinstance(out, torch.Tensor) else out[0]
     first.sum().backward()
-    return captured["gm"], captured["jg"]
+    gm = captured["gm"]
+    gm.meta["num_fwd_outputs"] = captured["num_fwd_outputs"]
+    return gm, captured["jg"]
+
+
+def _num_fwd(gm: fx.GraphModule) -> int:
+    return int(gm.meta["num_fwd_outputs"])
 
 
 def test_views_are_folded_and_placeholders_are_not_nodes() -> None:
@@ -127,3 +135,16 @@ def test_keep_all_plan_simulates_what_the_generated_step_measures(make: Any) -> 
     simulated = simulate(jg.graph, sched).peak
     assert simulated == keep_all_peak(jg.graph)
     assert abs(measured - simulated) <= 0.05 * simulated, (measured, simulated)
+
+
+def test_dropout_output_becomes_recomputable_from_its_mask() -> None:
+    gm, _ = _joint(M.TinyTransformer(32, 32, 1, p=0.1), torch.randint(0, 32, (2, 8)))
+    assert recompute_dropout_from_mask(gm) == 3
+    jg = build_graph(gm, _num_fwd(gm), lambda nodes: [1.0] * len(nodes))
+    drop = [n for n in jg.graph.nodes if n.op == "aten.native_dropout.default"]
+    redo = [n for n in jg.graph.nodes if n.op == "aten.native_dropout_backward.default" and not n.backward]
+    assert len(drop) == 3 and all(not n.recomputable for n in drop)  # the masks: kept
+    assert len(redo) == 3 and all(n.recomputable for n in redo)  # the outputs: recomputable
+    x = torch.randn(64, 33)
+    out, mask = torch.ops.aten.native_dropout(x, 0.1, True)
+    assert torch.equal(torch.ops.aten.native_dropout_backward(x, mask, 1 / 0.9), out)
