@@ -19,6 +19,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch import nn  # noqa: E402
+
 import checkmate  # noqa: E402
 from checkmate.api import plans_of  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
@@ -152,10 +154,10 @@ def test_too_small_budget_reports_the_minimum() -> None:
     assert f"{err.minimum:,} bytes" in str(err) and "% of the checkpoint-all peak" in str(err)
 
 
-class _DataDependent(torch.nn.Module):
+class _DataDependent(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.lin = torch.nn.Linear(8, 8)
+        self.lin = nn.Linear(8, 8)
 
     def forward(self, x: Any) -> Any:
         h = self.lin(x)

@@ -10,7 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.fx as fx  # noqa: E402
+from torch import nn  # noqa: E402
 from torch._dynamo.backends.common import aot_autograd  # noqa: E402
+from torch._functorch._aot_autograd.utils import make_boxed_func  # noqa: E402
 from torch._functorch.partitioners import default_partition  # noqa: E402
 
 from checkmate.codegen import generate  # noqa: E402
@@ -32,7 +34,11 @@ def _joint(model: Any, *inputs: Any) -> tuple[fx.GraphModule, JointGraph]:
         captured["num_fwd_outputs"] = num_fwd_outputs
         return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw)
 
-    backend = aot_autograd(fw_compiler=lambda g, _: g, bw_compiler=lambda g, _: g, partition_fn=partition)
+    backend = aot_autograd(
+        fw_compiler=lambda g, _: make_boxed_func(g),
+        bw_compiler=lambda g, _: make_boxed_func(g),
+        partition_fn=partition,
+    )
     out = torch.compile(model, backend=backend, dynamic=False)(*inputs)
     first = out if isinstance(out, torch.Tensor) else out[0]
     first.sum().backward()
@@ -62,10 +68,10 @@ def test_views_are_folded_and_placeholders_are_not_nodes() -> None:
 
 
 def test_view_output_shares_the_bytes_of_its_base() -> None:
-    class ViewOut(torch.nn.Module):
+    class ViewOut(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.lin = torch.nn.Linear(16, 16)
+            self.lin = nn.Linear(16, 16)
 
         def forward(self, x: Any) -> Any:
             h = self.lin(x).relu()
