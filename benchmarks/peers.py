@@ -493,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps ratios stable under load)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR)
     p.add_argument("--prefix", default="peers")
+    p.add_argument("--render", action="store_true", help="re-render .md/.png from the .csv/.json only")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     cfg = Config(models=tuple(a.models.split(",")))
@@ -511,12 +512,15 @@ def main(argv: list[str] | None = None) -> int:
         cfg = replace(cfg, pt_budgets=tuple(float(x) for x in a.pt_budgets.split(",")))
     from benchmarks import peers_report
 
+    if a.render:
+        paths = peers_report.render(a.out, a.prefix)
+        print("wrote " + ", ".join(str(x) for x in paths))
+        return 0
     t0 = time.perf_counter()
     rows = run(cfg, lambda s: print(s, flush=True))
     command = "python -m benchmarks.peers " + " ".join(argv if argv is not None else sys.argv[1:])
-    paths = peers_report.write_all(
-        rows, cfg, a.out, a.prefix, command=command, wall_s=time.perf_counter() - t0
-    )
+    info = peers_report.RunInfo.now(command.strip(), time.perf_counter() - t0)
+    paths = peers_report.write_all(rows, cfg, a.out, a.prefix, info)
     print("wrote " + ", ".join(str(x) for x in paths))
     return 0
 

@@ -9,18 +9,19 @@ it is not ahead are listed like the others.
 from __future__ import annotations
 
 import csv
+import json
 import platform
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:
     from benchmarks.peers import Config, Row
 
-__all__ = ["machine", "write_all", "write_csv", "markdown", "plot"]
+__all__ = ["RunInfo", "machine", "markdown", "plot", "read_csv", "render", "write_all", "write_csv"]
 
 #: how much higher than the peer's peak checkmate's measured peak may be and still count
 #: as "the same memory" (the tracker and the planner round differently)
@@ -109,10 +110,11 @@ def _comparison(rows: list[Row]) -> list[str]:
         faster = (cm.overhead or 0) < (peer.overhead or 0)
         verdict = "ahead" if same_mem and faster else "**not ahead**"
         why = []
+        ratio = cm.peak / peer.peak
         if not same_mem:
-            why.append(f"measured peak {cm.peak / peer.peak:.2f}x the peer's")
+            why.append(f"measured peak {ratio:.2f}x the peer's")
         if not faster:
-            why.append(f"slower, at {cm.peak / peer.peak:.2f}x the peer's memory")
+            why.append("slower" + (f", at {ratio:.2f}x the peer's memory" if same_mem else ""))
         lines.append(
             head + f" -> checkmate {cm.peak / 2**20:.2f} MiB, {100 * (cm.overhead or 0):+.1f}% time: "
             f"{verdict}" + (f" ({', '.join(why)})" if why else "")
@@ -120,7 +122,21 @@ def _comparison(rows: list[Row]) -> list[str]:
     return lines
 
 
-def markdown(rows: list[Row], cfg: Config, command: str, wall_s: float) -> str:
+@dataclass(frozen=True)
+class RunInfo:
+    """Where and how a run was measured (kept beside the CSV, so reports re-render)."""
+
+    command: str
+    wall_s: float
+    machine: str
+    measured_at: str
+
+    @staticmethod
+    def now(command: str, wall_s: float) -> RunInfo:
+        return RunInfo(command, wall_s, machine(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+
+
+def markdown(rows: list[Row], cfg: Config, info: RunInfo) -> str:
     """The report: machine, settings, one table per model, the equal-memory comparison."""
     from benchmarks.peers import workloads
 
@@ -128,8 +144,7 @@ def markdown(rows: list[Row], cfg: Config, command: str, wall_s: float) -> str:
     out = [
         "# checkmate beside its peers (measured)",
         "",
-        f"Machine: {machine()}. Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"`{command}`, {wall_s / 60:.1f} min.",
+        f"Machine: {info.machine}. Measured {info.measured_at}, `{info.command}`, {info.wall_s / 60:.1f} min.",
         "",
         "One training step = forward + loss + backward on CPU, same weights and batch for every method. "
         "Peak = bytes allocated during the step beyond what was live before it "
@@ -160,7 +175,12 @@ def markdown(rows: list[Row], cfg: Config, command: str, wall_s: float) -> str:
         eager = next((r for r in mrows if r.method == "eager" and r.step_s), None)
         if eager is not None:
             out += ["", f"Eager step: {eager.eager_s:.3f} s CPU, {eager.eager_wall_s:.3f} s wall (medians)."]
-        notes = [f"- {r.knob} (= {r.target}): {r.note}" for r in mrows if r.note]
+        notes = [
+            f"- {r.knob} (= {r.target}): {r.note}"
+            + (f"; measured peak {r.peak / r.budget:.3f}x the budget" if r.peak and r.budget else "")
+            for r in mrows
+            if r.note
+        ]
         if notes:
             out += ["", "checkmate plans:", "", *notes]
         differ = [r.label for r in mrows if r.dropout_equal is False]
@@ -234,13 +254,52 @@ def plot(rows: list[Row], path: Path) -> None:
     plt.close(fig)
 
 
-def write_all(
-    rows: list[Row], cfg: Config, out: Path, prefix: str, *, command: str, wall_s: float
-) -> list[Path]:
-    """Write ``<prefix>.csv``, ``<prefix>.md`` and ``<prefix>.png`` under ``out``."""
+def write_all(rows: list[Row], cfg: Config, out: Path, prefix: str, info: RunInfo) -> list[Path]:
+    """Write ``<prefix>.csv``, ``.json`` (run info and config), ``.md`` and ``.png`` under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{prefix}.csv", out / f"{prefix}.md", out / f"{prefix}.png"]
+    paths = [out / f"{prefix}.{ext}" for ext in ("csv", "json", "md", "png")]
     write_csv(rows, paths[0])
-    paths[1].write_text(markdown(rows, cfg, command, wall_s))
-    plot(rows, paths[2])
+    paths[1].write_text(json.dumps({"run": asdict(info), "config": asdict(cfg)}, indent=1) + "\n")
+    paths[2].write_text(markdown(rows, cfg, info))
+    plot(rows, paths[3])
+    return paths
+
+
+def read_csv(path: Path) -> list[Row]:
+    """Rows back from :func:`write_csv` (types from the dataclass's annotations)."""
+    from benchmarks.peers import Row
+
+    kinds = {f.name: str(f.type) for f in fields(Row)}
+    rows = []
+    with path.open() as f:
+        for rec in csv.DictReader(f):
+            vals: dict[str, object] = {}
+            for k, v in rec.items():
+                kind = kinds[k]
+                if v == "" and "None" in kind:
+                    vals[k] = None
+                elif kind.startswith("float"):
+                    vals[k] = float(v)
+                elif kind.startswith("int"):
+                    vals[k] = int(v)
+                elif kind.startswith("bool"):
+                    vals[k] = v == "True"
+                else:
+                    vals[k] = v
+            rows.append(Row(**vals))  # type: ignore[arg-type]
+    return rows
+
+
+def render(out: Path, prefix: str) -> list[Path]:
+    """Re-render ``<prefix>.md`` and ``.png`` from a run's CSV and JSON (no measuring)."""
+    from benchmarks.peers import Config
+
+    rows = read_csv(out / f"{prefix}.csv")
+    meta = json.loads((out / f"{prefix}.json").read_text())
+    conf: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["config"].items()}
+    cfg = Config(**conf)
+    info = RunInfo(**meta["run"])
+    paths = [out / f"{prefix}.md", out / f"{prefix}.png"]
+    paths[0].write_text(markdown(rows, cfg, info))
+    plot(rows, paths[1])
     return paths

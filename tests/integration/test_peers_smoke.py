@@ -82,11 +82,14 @@ def test_checkmate_row_is_measured_or_says_why(rows: list[peers.Row]) -> None:
 
 def test_reports(rows: list[peers.Row], tmp_path: Path) -> None:
     cfg = peers.Config(models=("resnet",), size="tiny")
-    paths = peers_report.write_all(rows, cfg, tmp_path, "p", command="test", wall_s=1.0)
+    info = peers_report.RunInfo.now("test", 1.0)
+    paths = peers_report.write_all(rows, cfg, tmp_path, "p", info)
     with paths[0].open() as f:
         table = list(csv.DictReader(f))
     assert len(table) == len(rows) and table[0]["method"] == "eager"
-    md = paths[1].read_text()
+    assert peers_report.read_csv(paths[0]) == rows  # the CSV round-trips every field
+    md = paths[2].read_text()
     assert "torch " + torch.__version__ in md
     assert md.count("| pt-budget |") == 2 and "| rockmate |" in md
-    assert paths[2].stat().st_size > 10_000  # a rendered PNG
+    assert paths[3].stat().st_size > 10_000  # a rendered PNG
+    assert peers_report.render(tmp_path, "p")[0].read_text() == md
