@@ -69,6 +69,9 @@ def optimize(
         model: the module to optimize (left unchanged; the result shares its parameters).
         budget: bytes (``int``, ``"12GB"``) or a fraction of each graph's simulated peak
             without rematerialization (``0.5``, ``"50%"``); applied to every captured graph.
+            With graph breaks the activations an earlier graph saves stay alive while the
+            later ones run, so the budget then bounds each graph, not the whole step: pass
+            ``fullgraph=True`` to make sure it bounds the step.
         example_inputs: positional arguments of one training step, to plan now; without
             them the first training call plans.
         strategy: a strategy name from ``solvers.strategies.STRATEGIES`` (default ``auto``).
