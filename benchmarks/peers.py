@@ -25,17 +25,25 @@ drifts during the run cancels; the max abs difference
 of every parameter gradient and buffer from eager's after one step from the same state; and
 with dropout p=0.1 (same seed before the step), whether the gradients still equal eager's.
 
-Outputs: ``benchmarks/results/peers.csv``, ``peers.md`` (machine stated) and ``peers.png``
-(overhead against measured peak, one curve per method). Nothing is dropped: a method that
+Outputs: ``benchmarks/results/peers.csv``, ``peers.json``, ``peers.md`` (machine stated) and
+``peers.png`` (overhead against measured peak, one curve per method). Nothing is dropped: a method that
 fails or finds no plan is a row saying so.
 
 Usage::
 
-    python -m benchmarks.peers --quick   # GPT-2 (4 layers, d=128) + ResNet (width 16): ~10 min
-    python -m benchmarks.peers           # full: GPT-2 small (12 x 768, batch 2 x 128) and
-                                         # ResNet-18 widths at 64x64, batch 16; 20 timed
-                                         # pairs, 60 s per plan: hours on 2 CPU cores
+    python -m benchmarks.peers --quick   # GPT-2 (4 layers, d=128, batch 4 x 64) + ResNet
+                                         # (width 16, batch 16 x 32x32), 9 timed pairs, 8 s
+                                         # per plan: 4.5 min of CPU; 11.5 min wall measured
+                                         # on 2 cores shared with other jobs (load ~6)
+    python -m benchmarks.peers           # full: GPT-2 small (12 x 768, batch 2 x 128; eager
+                                         # step ~5 s on one core) and ResNet-18 widths at
+                                         # 64x64, batch 16; 20 timed pairs, 2 warm-up steps,
+                                         # 60 s per plan: about 2-3 hours on 2 CPU cores
     python -m benchmarks.peers --models resnet --size tiny --steps 2   # a smoke run
+    python -m benchmarks.peers --render  # redo peers.md / peers.png from peers.csv + .json
+
+Every run writes ``<out>/<prefix>.csv`` (one row per method and knob, every field),
+``.json`` (command, wall time, machine, config), ``.md`` and ``.png``.
 """
 
 from __future__ import annotations
