@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import functools
 import gc
 import statistics
 import sys
@@ -59,23 +58,25 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
 
 from benchmarks.models import Workload, gpt2_workload, resnet_workload
+from benchmarks.peer_methods import (
+    Step,
+    prepare_checkmate,
+    prepare_checkpoint,
+    prepare_eager,
+    prepare_pt_budget,
+    rockmate_status,
+)
 from checkmate.memory import measure_peak
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PT_BUDGETS = (1.0, 0.8, 0.6, 0.4, 0.2, 0.0)
 CM_FRACTIONS = (0.7, 0.5)
-ROCKMATE_REASON = (
-    "not run: needs CUDA (rockmate 2.0.0 builds its graphs on torch.device('cuda'); "
-    "it also pins pulp==2.7.0, which conflicts with this project's pulp 3.3)"
-)
-
-Step = Callable[[], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -141,71 +142,6 @@ class Reference:
     peak: int = 0
     drop_peak: int = 0
     model: nn.Module = field(default_factory=nn.Module)
-
-
-# ---------------------------------------------------------------- methods
-
-
-def prepare_eager(model: nn.Module, wl: Workload) -> Step:
-    return functools.partial(wl.loss, model)
-
-
-def prepare_checkpoint(model: nn.Module, wl: Workload) -> Step:
-    """Wrap every block's forward in non-reentrant activation checkpointing (keys unchanged)."""
-    from torch.utils.checkpoint import checkpoint
-
-    def wrapped(fwd: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return checkpoint(fwd, *args, use_reentrant=False, **kwargs)
-
-    for block in wl.blocks(model):
-        block.forward = functools.partial(wrapped, block.forward)  # type: ignore[method-assign]
-    return functools.partial(wl.loss, model)
-
-
-def prepare_pt_budget(budget: float) -> Callable[[nn.Module, Workload], Step]:
-    """PyTorch's min-cut partitioner at ``activation_memory_budget=budget`` (aot_eager)."""
-
-    def prepare(model: nn.Module, wl: Workload) -> Step:
-        from functorch.compile import min_cut_rematerialization_partition
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._dynamo.backends.debugging import boxed_nop
-
-        backend = aot_autograd(
-            fw_compiler=boxed_nop,
-            bw_compiler=boxed_nop,
-            partition_fn=min_cut_rematerialization_partition,
-            keep_inference_input_mutations=True,
-        )
-        compiled = cast(nn.Module, torch.compile(model, backend=backend, dynamic=False))
-
-        def step() -> torch.Tensor:
-            # The knob is read when the graph is partitioned (the first call); keeping it
-            # set on every call makes a recompilation, if any, use it too.
-            with torch._functorch.config.patch(activation_memory_budget=budget):
-                return wl.loss(compiled)
-
-        return step
-
-    return prepare
-
-
-def prepare_checkmate(budget: int, cfg: Config, notes: list[str]) -> Callable[[nn.Module, Workload], Step]:
-    """``checkmate.optimize`` at ``budget`` bytes, planned on the step's inputs."""
-
-    def prepare(model: nn.Module, wl: Workload) -> Step:
-        from checkmate.api import optimize, plans_of
-
-        opt = optimize(model, budget, wl.inputs, strategy=cfg.strategy, time_limit=cfg.time_limit)
-        for rec in plans_of(opt):
-            res = rec.result
-            cost = (res.cost or 0.0) / rec.joint.graph.total_cost - 1.0 if rec.joint.graph.total_cost else 0.0
-            notes.append(
-                f"plan: {res.info.get('chosen', res.strategy)}, simulated peak {_mib(res.peak or 0)} MiB, "
-                f"{rec.recomputes} recomputes, +{cost:.0%} planned compute"
-            )
-        return functools.partial(wl.loss, opt)
-
-    return prepare
 
 
 # ---------------------------------------------------------------- measurement
@@ -425,7 +361,7 @@ def run_model(wl: Workload, cfg: Config, log: Callable[[str], None]) -> list[Row
     add(measure(wl, "checkpoint", "every block", prepare_checkpoint, ref, cfg))
     for b in cfg.pt_budgets:
         add(measure(wl, "pt-budget", f"{b:g}", prepare_pt_budget(b), ref, cfg))
-    add(Row(model=wl.name, method="rockmate", knob="", status=_rockmate_status()))
+    add(Row(model=wl.name, method="rockmate", knob="", status=rockmate_status()))
     drop_scale = ref.drop_peak / ref.peak if ref.peak else 1.0
     for budget, label in checkmate_targets(rows, ref, cfg):
         notes: list[str] = []
@@ -435,22 +371,16 @@ def run_model(wl: Workload, cfg: Config, log: Callable[[str], None]) -> list[Row
                 wl,
                 "checkmate",
                 f"{_mib(budget)} MiB",
-                prepare_checkmate(budget, cfg, notes),
+                prepare_checkmate(budget, cfg.strategy, cfg.time_limit, notes),
                 ref,
                 cfg,
                 budget=budget,
                 target=label,
-                drop_prepare=prepare_checkmate(int(budget * drop_scale), cfg, []),
+                drop_prepare=prepare_checkmate(int(budget * drop_scale), cfg.strategy, cfg.time_limit, []),
                 notes=notes,
             )
         )
     return rows
-
-
-def _rockmate_status() -> str:
-    if not torch.cuda.is_available():
-        return ROCKMATE_REASON
-    return "not run: this script measures on CPU only (run rockmate's own GPU benchmark)"
 
 
 def _brief(r: Row) -> str:

@@ -294,6 +294,9 @@ def render(out: Path, prefix: str) -> list[Path]:
     """Re-render ``<prefix>.md`` and ``.png`` from a run's CSV and JSON (no measuring)."""
     from benchmarks.peers import Config
 
+    missing = [p.name for p in (out / f"{prefix}.csv", out / f"{prefix}.json") if not p.exists()]
+    if missing:
+        raise SystemExit(f"cannot re-render: {', '.join(missing)} not in {out}; run the benchmark first")
     rows = read_csv(out / f"{prefix}.csv")
     meta = json.loads((out / f"{prefix}.json").read_text())
     conf: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["config"].items()}
