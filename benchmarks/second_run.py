@@ -442,7 +442,7 @@ def markdown(rows: Sequence[Row], *, time_limit: float, wall_s: float) -> str:
         "",
         f"Target met (hit, re-validated, ratio < {TARGET_RATIO:.0%}) for {len(met)} of {len(ok)} "
         f"measured rows ({len(failed)} not measured). The second run still measures every op's "
-        "scratch space (``checkmate.runtime._scratch_bytes`` keeps it in memory only), so the "
+        "scratch space (`checkmate.runtime._scratch_bytes` keeps it in memory only), so the "
         "column without it shows what persisting those measurements would give.",
         "",
     ]
