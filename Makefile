@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-solvers lint format bench bench-peers clean
+.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-second-run clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,7 +21,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(BIN)/python examples/demo.py
+	$(BIN)/python examples/train_transformer.py
 
 test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
@@ -39,11 +39,24 @@ format: install
 	$(BIN)/ruff format solvers checkmate tests examples benchmarks
 	$(BIN)/ruff check --fix solvers checkmate tests examples benchmarks
 
+# The solver table on the public graphs and traced models (long: up to 60 s per instance).
 bench: install
 	$(BIN)/python -m benchmarks.run
 
+bench-quick: install
+	$(BIN)/python -m benchmarks.run --quick
+
+# Side by side with torch.utils.checkpoint and PyTorch's activation_memory_budget (~10 min);
+# bench-peers-full runs GPT-2 small and a ResNet-18-wide CNN (hours on 2 cores).
 bench-peers: install
+	$(BIN)/python -m benchmarks.peers --quick
+
+bench-peers-full: install
 	$(BIN)/python -m benchmarks.peers
+
+# A second process making the same optimize() call hits the plan cache.
+bench-second-run: install
+	$(BIN)/python -m benchmarks.second_run
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
