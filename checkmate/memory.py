@@ -19,8 +19,9 @@ Methods (``MemoryTracker(method=...)``):
   weakref finalizer on the storage subtracts them when it is freed. Views share their base's
   storage, so they are never counted twice. Not seen: scratch space an op frees before it
   returns, storages made outside the dispatcher (``torch.tensor(data)``, Inductor kernels),
-  frees of memory live before. Do not use it on ``torch.compile``d code: under a dispatch
-  mode Dynamo runs such code eagerly, and (torch 2.13) keeps running it eagerly afterwards.
+  frees of memory live before, Inductor's generated kernels. The mode declares
+  ``ignore_compile_internals()``, so ``torch.compile``d code runs compiled under it (not
+  eagerly) and compilation itself is not counted.
 - CUDA, whichever method: when CUDA memory was allocated during the run, the figure is
   ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()``, minus the bytes
   allocated before (the caching allocator's own count, rounded to its 512-byte blocks).
@@ -176,6 +177,14 @@ class _StorageMode(TorchDispatchMode):
     def __init__(self, counter: _StorageCounter) -> None:
         super().__init__()
         self.counter = counter
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Without this, Dynamo skips every frame while the mode is active and runs the
+        # model eagerly (and keeps doing so afterwards): the step measured would not be the
+        # compiled one. With it, compilation runs outside the mode and the compiled graph's
+        # aten ops are still dispatched to it when they run.
+        return True
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None

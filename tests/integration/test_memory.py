@@ -168,3 +168,32 @@ def test_auto_falls_back_to_storages_inside_a_running_profiler() -> None:
 def test_unknown_method_is_refused() -> None:
     with pytest.raises(ValueError, match="method must be"):
         MemoryTracker("magic")  # type: ignore[arg-type]
+
+
+def test_compiled_code_runs_compiled_under_the_storages_tracker() -> None:
+    """The storages mode ignores compile internals: Dynamo compiles and runs the compiled
+    graph under it (not an eager fallback), compilation is not counted, and the graph's
+    aten ops are still seen."""
+    calls: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, example: object) -> object:
+        def run(*args: object) -> object:
+            calls.append(1)
+            return gm(*args)
+
+        return run
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(32, 64)
+    with MemoryTracker(method="storages") as t:
+        compiled(x).sum().backward()  # compiles inside the mode
+    assert calls == [1]
+    assert t.peak >= 32 * 64 * 4  # at least the hidden activation
+    with MemoryTracker(method="storages") as t2:
+        compiled(x).sum().backward()
+    assert calls == [1, 1]  # the compiled graph ran again, not an eager fallback
+    assert t2.peak >= 32 * 64 * 4
+    compiled(x).sum().backward()
+    assert calls == [1, 1, 1]  # and still runs compiled afterwards
