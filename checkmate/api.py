@@ -8,9 +8,9 @@ step then goes through ``torch.compile`` with :class:`checkmate.runtime.Planner`
 backend, one plan per captured graph and per input signature (new shapes plan again).
 
 Evaluation (``eval()`` or ``torch.no_grad()``) runs the original forward. So does a
-training step whose plans recompute nothing (a budget at or above the no-remat peak): the
-plan then equals what eager PyTorch does, and running eager avoids the compiled path's own
-overhead.
+training step whose plans recompute and page nothing (a budget at or above the no-remat
+peak): the plan then equals what eager PyTorch does, and running eager avoids the compiled
+path's own overhead.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class CheckmateState:
         planner: the backend; its ``records`` hold one plan per compiled graph.
         eager: the original forward, bound to the optimized module.
         compiled: ``eager`` under torch.compile with the planner.
-        eager_keys: input signature -> True when its plans recompute nothing.
+        eager_keys: input signature -> True when its plans recompute and page nothing.
     """
 
     planner: Planner
@@ -132,7 +132,7 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     out = _compiled_call(state, args, kwargs)
     if key not in state.eager_keys:
         fresh = state.planner.records[before:]
-        state.eager_keys[key] = bool(fresh) and all(r.recomputes == 0 for r in fresh)
+        state.eager_keys[key] = bool(fresh) and all(r.is_eager for r in fresh)
     return out
 
 

@@ -15,9 +15,12 @@ usual, and it copies mutated buffers (BatchNorm running statistics) back once pe
 
 from __future__ import annotations
 
+import json
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,10 +30,12 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from checkmate.cache import cached_solve
 from checkmate.codegen import SplitModules, generate
+from checkmate.timing import ProfileWarning
 from checkmate.trace import JointGraph, build_graph, recompute_dropout_from_mask
 from solvers.errors import InfeasibleBudgetError, SolverError
+from solvers.plan import atomic_write_text
 from solvers.result import SolveResult, Status
-from solvers.schedule import keep_all_peak
+from solvers.schedule import PAGEIN, PAGEOUT, keep_all_peak
 
 __all__ = ["PlanRecord", "Planner"]
 
@@ -46,6 +51,15 @@ class PlanRecord:
         modules: the generated forward and backward.
         reference_peak: the graph's simulated peak without rematerialization (bytes).
         seconds: wall time of trace + profile + plan + codegen.
+        trace_seconds: building the graph model, less profiling.
+        profile_seconds: op timing and scratch-space measurement (both cached per op).
+        scratch_seconds: the scratch-space part of ``profile_seconds``.
+        solve_seconds: the plan cache lookup and, on a miss, the solve.
+        codegen_seconds: generating the forward and backward (and paging them).
+        cache: ``"hit"``, ``"miss"``, ``"disabled"`` (CHECKMATE_CACHE=0) or ``"pinned"``
+            (a plan file given to ``optimize(plan=...)`` was used).
+        paged: joint-graph names of saved values the forward hands to the backward on the
+            host (paging plans only).
     """
 
     index: int
@@ -54,10 +68,22 @@ class PlanRecord:
     modules: SplitModules
     reference_peak: int
     seconds: float
+    trace_seconds: float = 0.0
+    profile_seconds: float = 0.0
+    scratch_seconds: float = 0.0
+    solve_seconds: float = 0.0
+    codegen_seconds: float = 0.0
+    cache: str = "disabled"
+    paged: tuple[str, ...] = ()
 
     @property
     def recomputes(self) -> int:
         return self.modules.recomputes
+
+    @property
+    def is_eager(self) -> bool:
+        """True when the plan runs what eager PyTorch runs: no recomputes, nothing paged."""
+        return self.modules.recomputes == 0 and not self.paged
 
     def summary(self) -> str:
         """One line: graph size, budget, simulated peak, cost overhead, strategy."""
@@ -106,15 +132,27 @@ class Planner:
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
         """AOTAutograd's partition hook: plan the joint graph and generate its two halves."""
         start = time.perf_counter()
+        spent = {"profile": 0.0, "scratch": 0.0}
+
+        def costs(nodes: Sequence[fx.Node]) -> list[float]:
+            t0 = time.perf_counter()
+            try:
+                return _costs(joint, nodes, self.profile, device)
+            finally:
+                spent["profile"] += time.perf_counter() - t0
+
+        def scratch(node: fx.Node) -> int:
+            t0 = time.perf_counter()
+            try:
+                return _scratch_bytes(node)
+            finally:
+                spent["scratch"] += time.perf_counter() - t0
+
         device = _device_of(joint)
         recompute_dropout_from_mask(joint)
-        jg = build_graph(
-            joint,
-            num_fwd_outputs,
-            lambda nodes: _costs(joint, nodes, self.profile, device),
-            scratch=_scratch_bytes,
-            name=f"graph{len(self.records)}",
-        )
+        jg = build_graph(joint, num_fwd_outputs, costs, scratch=scratch, name=f"graph{len(self.records)}")
+        _flush_scratch()
+        traced = time.perf_counter()
         res = cached_solve(
             jg.graph,
             self.budget,
@@ -124,6 +162,7 @@ class Planner:
             profile_id=_profile_id(self.profile, device),
             plan_path=self.plan_path,
         )
+        solved = time.perf_counter()
         if not res.ok or res.schedule is None:
             if res.status == Status.INFEASIBLE:
                 raise InfeasibleBudgetError(
@@ -135,6 +174,15 @@ class Planner:
                 "(time_limit=...) or choose another strategy"
             )
         modules = generate(joint, jg, res.schedule)
+        paged: tuple[str, ...] = ()
+        if any(op in (PAGEOUT, PAGEIN) for op, _ in res.schedule.steps):
+            # values the plan holds on the host across the forward/backward boundary
+            from checkmate.paging import page_saved
+
+            done = page_saved(modules, jg, res.schedule)
+            modules, paged = done.modules, done.paged
+        end = time.perf_counter()
+        profile = spent["profile"] + spent["scratch"]
         self.records.append(
             PlanRecord(
                 index=len(self.records),
@@ -142,7 +190,14 @@ class Planner:
                 result=res,
                 modules=modules,
                 reference_peak=int(res.info.get("reference") or keep_all_peak(jg.graph)),
-                seconds=time.perf_counter() - start,
+                seconds=end - start,
+                trace_seconds=traced - start - profile,
+                profile_seconds=profile,
+                scratch_seconds=spent["scratch"],
+                solve_seconds=solved - traced,
+                codegen_seconds=end - solved,
+                cache=_cache_status(res, self.plan_path),
+                paged=paged,
             )
         )
         return modules.forward, modules.backward
@@ -151,6 +206,18 @@ class Planner:
 def _as_is(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
     """The compilers: run the generated modules unchanged (they use the boxed convention)."""
     return gm
+
+
+def _cache_status(res: SolveResult, plan_path: str | None) -> str:
+    """How the plan was obtained: from a pinned file, the cache, a solve, or with no cache."""
+    from checkmate.cache import cache_enabled
+
+    hit = res.info.get("cache") == "hit"
+    if plan_path is not None:
+        return "pinned" if hit else "miss"
+    if hit:
+        return "hit"
+    return "miss" if cache_enabled() else "disabled"
 
 
 def _device_of(gm: fx.GraphModule) -> torch.device:
@@ -169,15 +236,26 @@ def _costs(
     return profile_costs(gm, list(nodes), profile=profile, device=device)
 
 
-_SCRATCH_CACHE: dict[str, int] = {}
 #: scratch below this many bytes is ignored (scalars wrapped into tensors, tiny reductions)
 _SCRATCH_MIN = 4096
+#: measured scratch is rounded up to this many bytes, so that allocator noise cannot change
+#: the graph (and with it the plan-cache key) from one process to the next
+_SCRATCH_ROUND = 4096
+_SCRATCH_FORMAT = "checkmate-scratch"
+_SCRATCH_VERSION = 1
+#: cache file (or device tag, with CHECKMATE_CACHE=0) -> {op key: bytes}
+_SCRATCH_CACHE: dict[str, dict[str, int]] = {}
+#: cache file -> (device tag, entries measured in this process and not yet written)
+_SCRATCH_NEW: dict[str, tuple[str, dict[str, int]]] = {}
+_TAGS: dict[str, str] = {}
 
 
 def _scratch_bytes(node: fx.Node) -> int:
-    """Scratch bytes ``node`` allocates beyond its outputs, measured once per signature by
-    running the op on random inputs of its traced shapes (random and mutating ops: 0, they
-    must not run outside the step)."""
+    """Scratch bytes ``node`` allocates beyond its outputs, measured once per signature and
+    device by running the op on random inputs of its traced shapes (random and mutating
+    ops: 0, they must not run outside the step). Measurements persist like op times, in
+    ``<cache dir>/scratch/<device tag>.json`` (memory only with ``CHECKMATE_CACHE=0``);
+    :func:`_flush_scratch` writes the new ones."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
         return 0
@@ -185,10 +263,70 @@ def _scratch_bytes(node: fx.Node) -> int:
         return 0
     vals = fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
     key = repr((node.target, torch.utils._pytree.tree_map(_describe, vals)))
-    if key not in _SCRATCH_CACHE:
+    table, path, tag = _scratch_table(vals)
+    if key not in table:
         with unset_fake_temporarily():  # the partitioner runs under AOTAutograd's fake mode
-            _SCRATCH_CACHE[key] = _measure_scratch(node, vals)
-    return _SCRATCH_CACHE[key]
+            table[key] = _measure_scratch(node, vals)
+        if path is not None:
+            _SCRATCH_NEW.setdefault(path, (tag, {}))[1][key] = table[key]
+    return table[key]
+
+
+def _scratch_table(vals: object) -> tuple[dict[str, int], str | None, str]:
+    """The scratch table of the device of the first tensor in ``vals``; its file (None
+    when the cache is disabled) and device tag."""
+    from checkmate.cache import cache_dir, cache_enabled
+    from checkmate.timing import device_tag
+
+    devices = [x.device for x in torch.utils._pytree.tree_leaves(vals) if isinstance(x, torch.Tensor)]
+    dev = str(devices[0]) if devices else "cpu"
+    tag = _TAGS.get(dev)
+    if tag is None:  # device_tag reads /proc/cpuinfo: once per device, not once per op
+        tag = _TAGS[dev] = device_tag(dev)
+    path = str(cache_dir() / "scratch" / f"{tag}.json") if cache_enabled() else None
+    key = path or tag
+    table = _SCRATCH_CACHE.get(key)
+    if table is None:
+        table = _read_scratch(Path(path)) if path is not None else {}
+        _SCRATCH_CACHE[key] = table
+    return table, path, tag
+
+
+def _read_scratch(path: Path) -> dict[str, int]:
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        warnings.warn(f"ignoring unreadable scratch-space cache {path}: {exc}", ProfileWarning, stacklevel=3)
+        return {}
+    if (
+        not isinstance(doc, dict)
+        or doc.get("format") != _SCRATCH_FORMAT
+        or doc.get("version") != _SCRATCH_VERSION
+    ):
+        warnings.warn(
+            f"ignoring scratch-space cache {path} of another format or version", ProfileWarning, stacklevel=3
+        )
+        return {}
+    ops = doc.get("ops", {})
+    if not isinstance(ops, dict):
+        return {}
+    return {str(k): int(v) for k, v in ops.items() if isinstance(v, int) and v >= 0}
+
+
+def _flush_scratch() -> None:
+    """Write the scratch measurements made since the last flush (merged with what other
+    processes wrote meanwhile; atomic replace)."""
+    while _SCRATCH_NEW:
+        path, (tag, new) = _SCRATCH_NEW.popitem()
+        merged = _read_scratch(Path(path))
+        merged.update(new)
+        doc = {"format": _SCRATCH_FORMAT, "version": _SCRATCH_VERSION, "device_tag": tag, "ops": merged}
+        try:
+            atomic_write_text(Path(path), json.dumps(doc, indent=0, sort_keys=True))
+        except OSError as exc:
+            warnings.warn(f"cannot write scratch-space cache {path}: {exc}", ProfileWarning, stacklevel=2)
 
 
 def _measure_scratch(node: fx.Node, vals: object) -> int:
@@ -214,7 +352,9 @@ def _measure_scratch(node: fx.Node, vals: object) -> int:
         if isinstance(t, torch.Tensor)
     )
     extra = int(peak) - int(produced)
-    return extra if extra >= _SCRATCH_MIN else 0
+    if extra < _SCRATCH_MIN:
+        return 0
+    return -(-extra // _SCRATCH_ROUND) * _SCRATCH_ROUND
 
 
 def _describe(x: object) -> object:
