@@ -8,20 +8,21 @@ target is a second-run planning time (tracing aside) under 5% of the first run's
 
 For each model and strategy this runs the same call in two FRESH Python processes, one after
 the other, against one new temporary cache directory (``CHECKMATE_CACHE_DIR``), so the first
-is cold and the second sees only what the first wrote. Each child times the stages of every
-graph the planner sees by wrapping the names :mod:`checkmate.runtime` calls (it changes no
-behaviour, only adds clocks) and prints one JSON line:
+is cold and the second sees only what the first wrote. Each child reads the stage timings
+the planner records per graph (:class:`checkmate.runtime.PlanRecord`), counts the plan
+cache's re-validations by wrapping ``checkmate.cache.validate`` (it changes no behaviour,
+only adds a counter) and prints one JSON line:
 
 - ``trace_s``: Dynamo + AOTAutograd capture (the ``optimize`` call's wall time outside the
   partitioner) plus building the :class:`solvers.Graph` from the joint graph (excluding the
   cost callbacks);
 - ``profile_s``: op timing (``checkmate.runtime._costs``; persistent op-time cache) and
-  scratch-space measurement (``_scratch_bytes``, cached in memory only), the latter also
+  scratch-space measurement (``_scratch_bytes``; persistent scratch cache), the latter also
   as ``scratch_s``;
 - ``solve_s``: ``cached_solve`` (on a hit: reading the plan file and re-validating it);
 - ``codegen_s``: generating the rematerialized forward and backward;
 - ``planning_s`` = profile + solve + codegen (tracing aside: both runs trace the same way);
-- ``cache``: ``hit`` / ``miss`` per graph, from the result's ``info["cache"]``;
+- ``cache``: ``hit`` / ``miss`` per graph (``PlanRecord.cache``);
 - ``validations``: how many times ``checkmate.cache`` replayed a stored plan through the
   simulator (``solvers.schedule.validate``) — at least once per graph on a hit.
 
@@ -130,19 +131,11 @@ class _Clock:
 
 @contextmanager
 def _instrumented(clock: _Clock) -> Iterator[None]:
-    """Time the planner's stages: wrap the module-level names ``Planner.partition`` looks up
-    at call time (and the simulator replay inside the plan cache), restore them after."""
+    """Count and time the plan cache's simulator replays (``checkmate.cache.validate``);
+    restore it after. The planner's stages are read from its records."""
     import checkmate.cache as cache_mod
-    import checkmate.runtime as rt
 
-    patches = [
-        (rt, "build_graph", "build"),
-        (rt, "_costs", "profile"),
-        (rt, "_scratch_bytes", "scratch"),
-        (rt, "cached_solve", "solve"),
-        (rt, "generate", "codegen"),
-        (cache_mod, "validate", "validate"),
-    ]
+    patches = [(cache_mod, "validate", "validate")]
     saved = [(mod, attr, getattr(mod, attr)) for mod, attr, _ in patches]
     for mod, attr, stage in patches:
         setattr(mod, attr, clock.wrap(stage, getattr(mod, attr)))
@@ -178,10 +171,11 @@ def child_main(model_name: str, strategy: str, budget: float, time_limit: float)
         total = time.perf_counter() - start
     records = plans_of(opt)
     partition = sum(r.seconds for r in records)
-    profile = clock.get("profile") + clock.get("scratch")
-    trace = (total - partition) + (clock.get("build") - profile)
-    solve = clock.get("solve")
-    codegen = clock.get("codegen")
+    profile = sum(r.profile_seconds for r in records)
+    scratch = sum(r.scratch_seconds for r in records)
+    trace = (total - partition) + sum(r.trace_seconds for r in records)
+    solve = sum(r.solve_seconds for r in records)
+    codegen = sum(r.codegen_seconds for r in records)
     return {
         "model": model_name,
         "strategy": strategy,
@@ -191,11 +185,11 @@ def child_main(model_name: str, strategy: str, budget: float, time_limit: float)
         "total_s": total,
         "trace_s": trace,
         "profile_s": profile,
-        "scratch_s": clock.get("scratch"),
+        "scratch_s": scratch,
         "solve_s": solve,
         "codegen_s": codegen,
         "planning_s": profile + solve + codegen,
-        "cache": [str(r.result.info.get("cache", "none")) for r in records],
+        "cache": [r.cache for r in records],
         "validations": clock.calls.get("validate", 0),
         "validate_s": clock.get("validate"),
         "chosen": [str(r.result.info.get("chosen", r.result.strategy)) for r in records],
@@ -441,9 +435,9 @@ def markdown(rows: Sequence[Row], *, time_limit: float, wall_s: float) -> str:
     lines += [
         "",
         f"Target met (hit, re-validated, ratio < {TARGET_RATIO:.0%}) for {len(met)} of {len(ok)} "
-        f"measured rows ({len(failed)} not measured). The second run still measures every op's "
-        "scratch space (`checkmate.runtime._scratch_bytes` keeps it in memory only), so the "
-        "column without it shows what persisting those measurements would give.",
+        f"measured rows ({len(failed)} not measured). Scratch-space measurements persist in the "
+        "cache dir like op times, so the second run reads them; the column without them "
+        "shows what they still cost.",
         "",
     ]
     return "\n".join(lines)
