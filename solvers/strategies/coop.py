@@ -26,9 +26,8 @@ from typing import Any
 
 from solvers.graph import Graph
 from solvers.pool import MemoryPool
-from solvers.result import SolveResult, Status
-from solvers.schedule import simulate
-from solvers.strategies.dtr import DEFAULT_THRASH_FACTOR, DTRSimulator, _Stop
+from solvers.result import SolveResult
+from solvers.strategies.dtr import DEFAULT_THRASH_FACTOR, DTRSimulator, _Stop, run_result
 
 __all__ = ["CoopSimulator", "coop"]
 
@@ -144,20 +143,4 @@ def coop(
         "windows": sim_.windows,
         "pool_capacity": sim_.pool.capacity,
     }
-    if not run.ok or run.schedule is None:
-        info["message"] = f"coop: {run.message}"
-        return SolveResult(
-            "coop", Status.NO_SOLUTION, budget, solve_seconds=time.perf_counter() - t0, info=info
-        )
-    sim = simulate(graph, run.schedule)
-    assert sim.peak == run.peak <= budget, "Coop's own accounting disagrees with the simulator"
-    return SolveResult(
-        "coop",
-        Status.FEASIBLE,
-        budget,
-        schedule=run.schedule,
-        cost=sim.cost,
-        peak=sim.peak,
-        solve_seconds=time.perf_counter() - t0,
-        info=info,
-    )
+    return run_result("coop", graph, budget, run, info, t0)

@@ -439,13 +439,22 @@ def _solve(
         "evictions": run.evictions,
         "recomputes": run.recomputes,
     }
+    return run_result(name, graph, budget, run, info, t0)
+
+
+def run_result(
+    name: str, graph: Graph, budget: int, run: Any, info: dict[str, Any], t0: float
+) -> SolveResult:
+    """The :class:`SolveResult` of one eviction run (DTR or Coop), replayed by the simulator."""
     if not run.ok or run.schedule is None:
         info["message"] = f"{name}: {run.message}"
         return SolveResult(
             name, Status.NO_SOLUTION, budget, solve_seconds=time.perf_counter() - t0, info=info
         )
     sim = simulate(graph, run.schedule)
-    assert sim.peak == run.peak and sim.peak <= budget, "DTR's own accounting disagrees with the simulator"
+    assert sim.peak == run.peak and sim.peak <= budget, (
+        f"{name}'s own accounting disagrees with the simulator"
+    )
     return SolveResult(
         name,
         Status.FEASIBLE,
