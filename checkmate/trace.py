@@ -27,9 +27,10 @@ Modelling choices (the simulator's memory must match what the runtime allocates)
   output) gets a zero-cost node of that size computed right before it and read by it.
 - A final zero-cost sink node reads every output (forward outputs and gradients), so the
   simulator keeps them live until the step ends, as the caller does.
-- Backward nodes are the ops that depend on a tangent; node ids list every forward node
-  before every backward node (both in the fx order), so a schedule splits into a forward and
-  a backward part at its first backward compute.
+- Backward nodes are the ops that depend on a tangent, and the ops that only the backward
+  reads (moved to right before their first reader; see :func:`_backward_only`); node ids
+  list every forward node before every backward node, so a schedule splits into a forward
+  and a backward part at its first backward compute.
 """
 
 from __future__ import annotations
@@ -184,6 +185,63 @@ def _is_bn_training(node: fx.Node) -> bool:
     )
 
 
+def _backward_only(
+    owners: list[fx.Node],
+    inputs: dict[fx.Node, set[fx.Node]],
+    backward: set[fx.Node],
+    pinned: set[fx.Node],
+    mem: dict[fx.Node, int],
+) -> set[fx.Node]:
+    """Ops that do not depend on a tangent but that only the backward reads (e.g. GELU's
+    derivative terms AOTAutograd writes with the forward values: ``3 * 0.044715 * x ** 2``).
+
+    Left in the forward they would be computed at its end and held across the boundary;
+    the backward computes them right before their first reader instead, as PyTorch's own
+    partitioner does. Only ops at least as large as each of their inputs move (holding the
+    input instead then costs no more; a reduction stays where it lets its input die), and
+    never outputs, random ops, mutations or one output of a multi-output op (``pinned``).
+    """
+    readers: dict[fx.Node, list[fx.Node]] = {o: [] for o in owners}
+    for o, ins in inputs.items():
+        for b in ins:
+            readers[b].append(o)
+    sunk: set[fx.Node] = set()
+    for o in reversed(owners):  # readers before the values they read
+        if o in backward or o in pinned or o.op != "call_function" or not readers[o]:
+            continue
+        if all(r in backward or r in sunk for r in readers[o]) and all(mem[o] >= mem[b] for b in inputs[o]):
+            sunk.add(o)
+    return sunk
+
+
+def _lazy_order(
+    owners: list[fx.Node], inputs: dict[fx.Node, set[fx.Node]], backward: set[fx.Node], sunk: set[fx.Node]
+) -> list[fx.Node]:
+    """The backward ops in fx order, each preceded by the not yet placed ``sunk`` ops it
+    reads (depth first, inputs before readers)."""
+    rank = {o: i for i, o in enumerate(owners)}
+    placed: set[fx.Node] = set()
+    out: list[fx.Node] = []
+    for o in owners:
+        if o not in backward:
+            continue
+        stack: list[tuple[fx.Node, bool]] = [(o, False)]
+        while stack:
+            v, expanded = stack.pop()
+            if v in placed:
+                continue
+            if expanded:
+                placed.add(v)
+                out.append(v)
+                continue
+            stack.append((v, True))
+            for b in sorted(
+                (b for b in inputs[v] if b in sunk and b not in placed), key=rank.__getitem__, reverse=True
+            ):
+                stack.append((b, False))
+    return out
+
+
 def _root(node: fx.Node, base: dict[fx.Node, fx.Node | None]) -> fx.Node:
     """The placeholder a view chain starts from (or the node itself)."""
     while node.op == "call_function" and base.get(node) is None and node.args:
@@ -289,12 +347,7 @@ def build_graph(
             base[n] = n
             owners.append(n)
 
-    ordered = [o for o in owners if o not in backward] + [o for o in owners if o in backward]
-    gid = {o: i for i, o in enumerate(ordered)}
-    ops = [call_of.get(o, o) for o in ordered]
-    seconds = dict(zip(ordered, costs(ops)))
-
-    preds: dict[fx.Node, set[int]] = {o: set() for o in ordered}
+    inputs: dict[fx.Node, set[fx.Node]] = {o: set() for o in owners}  # owner -> owners it reads
     for n in nodes:
         o = base.get(n)
         if n.op != "call_function" or o is None:
@@ -302,14 +355,9 @@ def build_graph(
         for a in call_of[n].all_input_nodes if n in call_of else n.all_input_nodes:
             b = base.get(a)
             if b is not None and b is not o:
-                preds[o].add(gid[b])
+                inputs[o].add(b)
 
-    forward_required: set[int] = set()
-    held: set[int] = set()
-    for o in fwd_outputs:
-        b = base.get(o)
-        if b is not None:
-            held.add(gid[b])
+    held_owners = {b for o in fwd_outputs if (b := base.get(o)) is not None}
     # an op reading an input the step mutates would read the new value if recomputed after
     # the mutation: it runs once, in the forward (BatchNorm in training mode is the exception:
     # its batch statistics and output do not depend on the running statistics it updates)
@@ -318,11 +366,24 @@ def build_graph(
         op = call_of.get(o, o)
         if not _is_bn_training(op) and any(_root(a, base) in mutated for a in op.all_input_nodes):
             reads_mutated.add(o)
-    for o in owners:
-        op = call_of.get(o, o)
-        if o not in backward and (_is_mutation(op) or _is_random(op) or o in reads_mutated):
-            forward_required.add(gid[o])
-    forward_required |= held
+    once = {
+        o
+        for o in owners
+        if o not in backward
+        and (_is_mutation(call_of.get(o, o)) or _is_random(call_of.get(o, o)) or o in reads_mutated)
+    }
+    mem = {o: 0 if _writes_input(call_of.get(o, o)) else _tensor_bytes(o.meta.get("val")) for o in owners}
+    sunk = _backward_only(owners, inputs, backward, once | held_owners | set(call_of), mem)
+
+    ordered = [o for o in owners if o not in backward and o not in sunk] + _lazy_order(
+        owners, inputs, backward, sunk
+    )
+    gid = {o: i for i, o in enumerate(ordered)}
+    ops = [call_of.get(o, o) for o in ordered]
+    seconds = dict(zip(ordered, costs(ops)))
+    preds: dict[fx.Node, set[int]] = {o: {gid[b] for b in inputs[o]} for o in ordered}
+    held = {gid[b] for b in held_owners}
+    forward_required = {gid[o] for o in once} | held
 
     graph_nodes = []
     for o in ordered:
@@ -339,8 +400,8 @@ def build_graph(
                 "key": o.name,
                 "name": o.name,
                 "cost": max(float(seconds.get(o, 0.0)), 0.0),
-                "mem": 0 if _writes_input(op) else _tensor_bytes(o.meta.get("val")),
-                "backward": o in backward,
+                "mem": mem[o],
+                "backward": o in backward or o in sunk,
                 "recomputable": not fixed,
                 "op": str(op.target),
             }

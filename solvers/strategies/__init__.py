@@ -43,6 +43,10 @@ STRATEGIES: dict[str, tuple[str, str]] = {
         "solvers.strategies.baselines:chen_greedy",
         "Chen et al. 2016: greedy segments under a memory threshold",
     ),
+    "peak-greedy": (
+        "solvers.strategies.greedy:peak_greedy",
+        "drop the checkpoints live at the simulated peak, least recompute cost per byte first; then repair",
+    ),
     "griewank": (
         "solvers.strategies.baselines:griewank",
         "Griewank & Walther 2000: binomial checkpointing (revolve) for chains",

@@ -31,6 +31,7 @@ __all__ = [
     "checkpoint_sequence",
     "schedule_from_kept",
     "articulation_points",
+    "sticky_values",
     "evaluate",
 ]
 
@@ -116,13 +117,18 @@ def schedule_from_kept(graph: Graph, kept: Iterable[int]) -> Schedule:
     return schedule_from_order(graph, checkpoint_sequence(graph, kept))
 
 
-def articulation_points(graph: Graph) -> IntArray:
+def articulation_points(graph: Graph, resident: npt.NDArray[np.bool_] | None = None) -> IntArray:
     """Forward nodes that separate the forward graph in id order.
 
     A forward node v qualifies when no edge between forward nodes jumps over it (no
     ``(u, w)`` with ``u < v < w``): everything before v reaches everything after v only
     through v, so keeping v alone lets the segments on either side be recomputed apart.
     On a chain every node qualifies; in a ResNet, the outputs of the residual blocks.
+
+    Args:
+        graph: the graph.
+        resident: values kept resident throughout (see :func:`sticky_values`); their
+            edges never force a recompute across a segment, so they jump over nothing.
     """
     fwd = forward_ids(graph)
     if fwd.size == 0:
@@ -133,6 +139,8 @@ def articulation_points(graph: Graph) -> IntArray:
     if graph.edges:
         e = graph.edge_array
         both = ~graph.backward_mask[e[:, 0]] & ~graph.backward_mask[e[:, 1]]
+        if resident is not None:
+            both &= ~resident[e[:, 0]]
         pu, pw = pos[e[both, 0]], pos[e[both, 1]]
         long = pw - pu > 1
         # difference array: positions pu+1 .. pw-1 are jumped over
@@ -140,6 +148,29 @@ def articulation_points(graph: Graph) -> IntArray:
         np.add.at(jumped, pw[long], -1)
     covered = np.cumsum(jumped[:-1]) > 0
     return fwd[~covered]
+
+
+def sticky_values(graph: Graph, share: float = 0.02) -> npt.NDArray[np.bool_]:
+    """Values a segmenting baseline keeps resident throughout: :func:`forced_keep`, plus
+    the smallest forward values read far from where they are made (sources of edges that
+    jump over other forward nodes: an attention mask every layer reads, position ids), up
+    to ``share`` of the forward bytes in all. Keeping them costs little memory, and without
+    them no transformer layer boundary separates the graph."""
+    keep = forced_keep(graph)
+    if not graph.edges:
+        return keep
+    e = graph.edge_array
+    fwd_edge = ~graph.backward_mask[e[:, 0]] & ~graph.backward_mask[e[:, 1]]
+    span = np.zeros(graph.n, dtype=np.int64)
+    np.maximum.at(span, e[fwd_edge, 0], e[fwd_edge, 1] - e[fwd_edge, 0])
+    cand = np.flatnonzero((span > 1) & ~keep & graph.recomputable_mask)
+    if cand.size == 0:
+        return keep
+    cand = cand[np.argsort(graph.mem[cand], kind="stable")]
+    allowance = share * float(graph.mem[forward_ids(graph)].sum())
+    take = cand[np.cumsum(graph.mem[cand]) <= allowance]
+    keep[take] = True
+    return keep
 
 
 def evaluate(graph: Graph, schedule: Schedule) -> SimResult:

@@ -1,6 +1,6 @@
 """The default strategy: a small portfolio whose cheapest valid schedule wins.
 
-1. Cheap heuristics (checkpoint-all, Chen's greedy and sqrt(n) segmentations, DTR): each
+1. Cheap heuristics (checkpoint-all, peak-greedy, Chen's greedy and sqrt(n) segmentations, DTR): each
    gives a valid schedule in milliseconds or fails; the cheapest one that fits is the
    incumbent. Checkpoint-all fitting the budget is optimal outright (every node runs once).
 2. LP relaxation + two-phase rounding (Jain et al., MLSys 2020): a lower bound on every
@@ -26,7 +26,7 @@ from solvers.schedule import Schedule, validate
 __all__ = ["solve_auto"]
 
 #: heuristics tried first, in order
-HEURISTICS = ("checkpoint-all", "chen-greedy", "chen-sqrtn", "dtr")
+HEURISTICS = ("checkpoint-all", "peak-greedy", "chen-greedy", "chen-sqrtn", "dtr")
 #: MILP skipped above this many nodes (its O(n^2) model would not finish usefully)
 MILP_MAX_NODES = 400
 DEFAULT_TIME_LIMIT = 60.0

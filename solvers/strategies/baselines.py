@@ -38,6 +38,7 @@ from solvers.strategies._segments import (
     forward_ids,
     recompute_closure,
     schedule_from_kept,
+    sticky_values,
 )
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "chen_greedy",
     "griewank",
     "chen_greedy_kept",
+    "chen_greedy_sets",
     "revolve_table",
 ]
 
@@ -104,10 +106,10 @@ def chen_sqrtn(
     modes = _modes(mode)
     cands: list[tuple[Schedule, dict[str, Any]]] = []
     for md in modes:
-        c = _candidates(graph, md)
+        c, extra = _candidates(graph, md)
         step = max(1, math.isqrt(c.size)) if c.size else 1
         kept = c[step - 1 :: step]
-        cands.append((schedule_from_kept(graph, kept.tolist()), {"mode": md, "kept": len(kept)}))
+        cands.append((schedule_from_kept(graph, kept.tolist() + extra), {"mode": md, "kept": len(kept)}))
     return _pick("chen-sqrtn", graph, budget, cands, t0)
 
 
@@ -122,6 +124,35 @@ def chen_greedy_kept(sizes: Sequence[int] | npt.NDArray[np.int64], threshold: fl
             kept.append(k)
             run = 0.0
     return kept
+
+
+def chen_greedy_sets(
+    graph: Graph, mode: str = "best", thresholds: int = 40
+) -> list[tuple[str, float, tuple[int, ...]]]:
+    """The distinct kept sets of Chen's greedy segmentation over a sweep of ``thresholds``
+    memory thresholds (geometric, from the smallest candidate segment to the total forward
+    memory; threshold 0 keeps every candidate), as ``(mode, threshold, kept)``; ``kept``
+    includes the values the mode keeps besides its candidates."""
+    mem = graph.mem
+    out: list[tuple[str, float, tuple[int, ...]]] = []
+    seen: set[tuple[int, ...]] = set()
+    for md in _modes(mode):
+        c, extra = _candidates(graph, md)
+        if c.size == 0:
+            continue
+        fwd = forward_ids(graph)
+        # segment size of a candidate: the forward memory since the previous candidate
+        cum = np.concatenate([[0], np.cumsum(mem[fwd])])
+        pos = np.searchsorted(fwd, c)
+        sizes = cum[pos + 1] - cum[np.concatenate([[0], pos[:-1] + 1])]
+        lo, hi = max(1.0, float(sizes.min())), max(2.0, float(sizes.sum()))
+        for b in np.concatenate([[0.0], np.geomspace(lo, hi, thresholds)]):
+            kept = tuple(int(c[k]) for k in chen_greedy_kept(sizes, b)) + tuple(extra)
+            if kept in seen:
+                continue
+            seen.add(kept)
+            out.append((md, float(b), kept))
+    return out
 
 
 def chen_greedy(
@@ -140,29 +171,11 @@ def chen_greedy(
     peak, as NO_SOLUTION. ``info["threshold"]`` is the winning threshold in bytes.
     """
     t0 = time.perf_counter()
-    mem = graph.mem
     cands: list[tuple[Schedule, dict[str, Any]]] = []
-    seen: set[tuple[int, ...]] = set()
-    for md in _modes(mode):
-        c = _candidates(graph, md)
-        if c.size == 0:
-            continue
-        fwd = forward_ids(graph)
-        # segment size of a candidate: the forward memory since the previous candidate
-        cum = np.concatenate([[0], np.cumsum(mem[fwd])])
-        pos = np.searchsorted(fwd, c)
-        sizes = cum[pos + 1] - cum[np.concatenate([[0], pos[:-1] + 1])]
-        lo, hi = max(1.0, float(sizes.min())), max(2.0, float(sizes.sum()))
-        # threshold 0 keeps every candidate (the no-recompute end of the sweep)
-        for b in np.concatenate([[0.0], np.geomspace(lo, hi, thresholds)]):
-            if time_limit is not None and time.perf_counter() - t0 > time_limit and cands:
-                break
-            kept = tuple(int(c[k]) for k in chen_greedy_kept(sizes, b))
-            if kept in seen:
-                continue
-            seen.add(kept)
-            sched = schedule_from_kept(graph, kept)
-            cands.append((sched, {"mode": md, "threshold": float(b), "kept": len(kept)}))
+    for md, b, kept in chen_greedy_sets(graph, mode, thresholds):
+        if time_limit is not None and time.perf_counter() - t0 > time_limit and cands:
+            break
+        cands.append((schedule_from_kept(graph, kept), {"mode": md, "threshold": b, "kept": len(kept)}))
     if not cands:
         cands.append((schedule_from_kept(graph, []), {"mode": "none"}))
     return _pick("chen-greedy", graph, budget, cands, t0, extra={"tried": len(cands)})
@@ -314,9 +327,15 @@ def _modes(mode: str) -> tuple[str, ...]:
     return (mode,)
 
 
-def _candidates(graph: Graph, mode: str) -> npt.NDArray[np.int64]:
-    c = forward_ids(graph) if mode == "linearized" else articulation_points(graph)
-    return c[graph.recomputable_mask[c]] if c.size else c
+def _candidates(graph: Graph, mode: str) -> tuple[npt.NDArray[np.int64], list[int]]:
+    """Checkpoint candidates of ``mode`` and the values kept besides them (articulation
+    mode keeps :func:`sticky_values`, which its candidates assume resident)."""
+    if mode == "linearized":
+        c, extra = forward_ids(graph), []
+    else:
+        sticky = sticky_values(graph)
+        c, extra = articulation_points(graph, sticky), np.flatnonzero(sticky).tolist()
+    return (c[graph.recomputable_mask[c]] if c.size else c), extra
 
 
 def _pick(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -154,3 +155,31 @@ def test_dropout_output_becomes_recomputable_from_its_mask() -> None:
     x = torch.randn(64, 33)
     out, mask = torch.ops.aten.native_dropout(x, 0.1, True)
     assert torch.equal(torch.ops.aten.native_dropout_backward(x, mask, 1 / 0.9), out)
+
+
+class _TanhGelu(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def test_ops_only_the_backward_reads_move_to_the_backward() -> None:
+    # GPT-2's GELU written out: the derivative terms (3 * 0.044715 * x ** 2, ...) read
+    # forward values only; AOTAutograd lists them in the forward, where they would be held
+    # across the boundary
+    model = nn.Sequential(nn.Linear(16, 64), _TanhGelu(), nn.Linear(64, 16))
+    _, jg = _joint(model, torch.randn(32, 16))
+    g = jg.graph
+    tangent_free = np.ones(g.n, dtype=bool)  # does not depend on a tangent
+    for v in range(g.n):
+        if g.nodes[v].key.startswith("tangents") or any(not tangent_free[p] for p in g.preds[v]):
+            tangent_free[v] = False
+    moved = [v for v in range(g.n) if g.nodes[v].backward and tangent_free[v] and v != jg.sink]
+    assert moved, "no derivative term was moved"
+    first_bwd = int(np.flatnonzero(g.backward_mask)[0])
+    for v in moved:
+        assert v > first_bwd and all(g.nodes[s].backward for s in g.succs[v])
+    # what stays in the forward is read there, pinned, or smaller than an input it frees
+    for v in np.flatnonzero(~g.backward_mask).tolist():
+        fwd_readers = [s for s in g.succs[v] if not g.nodes[s].backward]
+        small = any(g.mem[v] < g.mem[p] for p in g.preds[v])
+        assert fwd_readers or not g.nodes[v].recomputable or small, g.nodes[v].name

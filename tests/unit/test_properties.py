@@ -19,6 +19,7 @@ HEURISTICS = (
     "checkpoint-last-node",
     "chen-sqrtn",
     "chen-greedy",
+    "peak-greedy",
     "griewank",
     "dtr",
     "dtr-full",
