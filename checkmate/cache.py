@@ -3,8 +3,8 @@
 A plan is stored as ``<key>.json`` (the versioned JSON of :mod:`solvers.plan`, never a
 pickle) where ``key`` is the sha256 of everything a plan's validity or optimality depends
 on: the graph (ids, edges, sizes, flags, node names and ops), its costs, the device
-profile id, the budget in bytes, the strategy and its options, and the plan-format
-version. Location: ``$CHECKMATE_CACHE_DIR``, else ``$XDG_CACHE_HOME/checkmate``, else
+profile id, the budget in bytes, the strategy and its options, the plan-format version
+and the library version (a newer planner plans again). Location: ``$CHECKMATE_CACHE_DIR``, else ``$XDG_CACHE_HOME/checkmate``, else
 ``~/.cache/checkmate``; ``CHECKMATE_CACHE=0`` turns the cache off; ``plan_path=`` pins one
 file instead.
 
@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from solvers import Graph, SolveResult, solve
+from solvers import Graph, SolveResult, __version__, solve
 from solvers.api import resolve_budget
 from solvers.errors import CheckmateError, PlanError
 from solvers.plan import (
@@ -84,6 +84,8 @@ def key_parts(
         # default=repr: an option that is not JSON still enters the key (conservatively).
         "options": json.dumps(dict(options or {}), sort_keys=True, default=repr),
         "version": PLAN_VERSION,
+        # a new release may plan better: its plans are not shadowed by an older one's
+        "planner": __version__,
     }
 
 

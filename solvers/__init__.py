@@ -10,7 +10,7 @@ Example:
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from solvers.api import memory_lower_bound, resolve_budget, solve
 from solvers.budget import Budget, format_bytes, parse_budget
