@@ -29,6 +29,7 @@ __all__ = [
     "forced_keep",
     "recompute_closure",
     "checkpoint_sequence",
+    "drop_sequence",
     "schedule_from_kept",
     "articulation_points",
     "sticky_values",
@@ -110,6 +111,54 @@ def checkpoint_sequence(graph: Graph, kept: Iterable[int]) -> list[int]:
         for u in drop_after[v]:
             avail[u] = False
     return seq
+
+
+def drop_sequence(
+    graph: Graph, drop: npt.NDArray[np.bool_], *, transient: bool = False
+) -> tuple[list[int], list[int]]:
+    """The compute sequence of a policy that drops values at chosen reads.
+
+    The general form of :func:`checkpoint_sequence`, for any graph (inference graphs
+    included): ``drop[k]`` says that the value ``u`` of edge ``k = (u, r)`` of
+    ``graph.edge_array`` is dropped right after node r first runs; a later reader then
+    recomputes it (with its dropped ancestors, in id order) and it stays until its next
+    drop point or last read. Keeping the forward values outside a kept set is
+    ``drop = (u, last forward reader of u)`` for every other forward value.
+
+    With ``transient``, the ancestors a recompute needed are dropped again right after it
+    (only the value asked for stays): a later reader recomputes them rather than the
+    schedule holding them to their last read.
+
+    Returns:
+        ``(seq, owner)``: node ids in execution order (each node at least once), and for
+        each entry the node of the program (the id-order run) it was computed for.
+    """
+    n = graph.n
+    e = graph.edge_array
+    drop_after: list[list[int]] = [[] for _ in range(n)]
+    if e.size:
+        for u, r in e[np.asarray(drop, dtype=bool)].tolist():
+            drop_after[r].append(u)
+    preds = graph.preds
+    avail = np.zeros(n, dtype=bool)
+    seq: list[int] = []
+    owner: list[int] = []
+    for v in range(n):
+        for p in preds[v]:
+            if not avail[p]:
+                closure = recompute_closure(graph, p, avail)
+                for w in closure:
+                    seq.append(w)
+                    owner.append(v)
+                    avail[w] = True
+                if transient:
+                    avail[closure[:-1]] = False  # closure is sorted: p, the target, is last
+        seq.append(v)
+        owner.append(v)
+        avail[v] = True
+        for u in drop_after[v]:
+            avail[u] = False
+    return seq, owner
 
 
 def schedule_from_kept(graph: Graph, kept: Iterable[int]) -> Schedule:

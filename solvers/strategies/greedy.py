@@ -35,8 +35,8 @@ import numpy.typing as npt
 
 from solvers.graph import Graph
 from solvers.result import SolveResult, Status
-from solvers.schedule import COMPUTE, FREE, PAGEIN, Schedule, SimResult, simulate
-from solvers.strategies._segments import forced_keep, forward_ids, schedule_from_kept
+from solvers.schedule import COMPUTE, FREE, PAGEIN, Schedule, SimResult, schedule_from_order, simulate
+from solvers.strategies._segments import drop_sequence, forced_keep, last_forward_reader, schedule_from_kept
 from solvers.strategies.baselines import chen_greedy_sets
 
 __all__ = ["peak_greedy", "resident_at"]
@@ -59,6 +59,7 @@ def peak_greedy(
     *,
     time_limit: float | None = None,
     starts: int = 8,
+    repairs: int = 3,
     **options: Any,
 ) -> SolveResult:
     """Search the kept set with the simulator (see the module docstring).
@@ -70,6 +71,7 @@ def peak_greedy(
             found so far.
         starts: how many of Chen's greedy segmentations that fit the budget serve as
             protected checkpoint sets of further descents (besides protecting nothing).
+        repairs: how many of the cheapest distinct descent ends get the repair pass.
 
     Returns:
         FEASIBLE with the cheapest schedule found within the budget, else NO_SOLUTION with
@@ -77,24 +79,34 @@ def peak_greedy(
     """
     t0 = time.perf_counter()
     search = _Search(graph, budget, None if time_limit is None else t0 + max(float(time_limit), 0.0))
-    protects: list[tuple[int, ...]] = [()]
-    fitting = [
-        kept
-        for _, _, kept in chen_greedy_sets(graph)
-        if search.run(np.isin(np.arange(graph.n), kept))[1].peak <= budget
-    ]
-    if fitting:  # spread over the sweep: few checkpoints (cheap) to many (low peak)
-        picks = np.unique(np.linspace(0, len(fitting) - 1, min(starts, len(fitting))).round().astype(int))
-        protects += [fitting[int(k)] for k in picks]
-    for protect in protects:
-        if search.expired():
-            break
-        search.descend(protect)
-    if search.best is not None:
-        search.repair()
+    nothing = np.zeros(graph.n, dtype=bool)
+    protects: list[npt.NDArray[np.bool_]] = [nothing]
+    if graph.backward_mask.any():
+        fitting = []
+        for _, _, kept in chen_greedy_sets(graph):
+            mask = nothing.copy()
+            mask[list(kept)] = True
+            if simulate(graph, schedule_from_kept(graph, kept)).peak <= budget:
+                fitting.append(mask)
+        if fitting:  # spread over the sweep: few checkpoints (cheap) to many (low peak)
+            picks = np.unique(np.linspace(0, len(fitting) - 1, min(starts, len(fitting))).round().astype(int))
+            protects += [fitting[int(k)] for k in picks]
+    first = ("gap", "gap-transient", "checkpoint") if graph.backward_mask.any() else ("gap", "gap-transient")
+    for k, protect in enumerate(protects):
+        for mode in first if k == 0 else ("checkpoint",):
+            if not search.expired():
+                search.descend(protect, mode)
+    # repair the cheapest few descents' ends (repairs differ: each starts elsewhere)
+    ends: list[tuple[float, npt.NDArray[np.bool_], bool]] = []
+    for cost, drop, transient in sorted(search.fits, key=lambda f: f[0]):
+        if all((drop != other).any() or transient != t for _, other, t in ends):
+            ends.append((cost, drop, transient))
+    for _, drop, transient in ends[:repairs]:
+        search.repair(drop, transient)
     info: dict[str, Any] = {"evaluations": search.evaluations, "starts": len(protects)}
     elapsed = time.perf_counter() - t0
     if search.best is None:
+        assert search.low is not None
         sched, sim = search.low
         info["message"] = f"peak-greedy's least peak is {sim.peak:,} bytes, over the budget of {budget:,}"
         return SolveResult(
@@ -102,7 +114,7 @@ def peak_greedy(
             solve_seconds=elapsed, info=info,
         )  # fmt: skip
     sched, sim = search.best[1], search.best[2]
-    info["kept"] = int(search.best[0].sum())
+    info["drops"] = int(search.best[0].sum())
     return SolveResult(
         "peak-greedy", Status.FEASIBLE, budget, schedule=sched, cost=sim.cost, peak=sim.peak,
         solve_seconds=elapsed, info=info,
@@ -110,66 +122,110 @@ def peak_greedy(
 
 
 class _Search:
-    """The state of one peak-greedy search: the graph's droppable values, the best kept set
-    found within the budget, and the least-peak schedule seen."""
+    """The state of one peak-greedy search over drop points: which edges ``(u, r)`` drop
+    ``u`` after ``r`` runs (see :func:`~solvers.strategies._segments.drop_sequence`), the
+    best policy found within the budget, and the least-peak schedule seen."""
 
     def __init__(self, graph: Graph, budget: int, deadline: float | None) -> None:
         self.graph, self.budget, self.deadline = graph, budget, deadline
-        droppable = np.zeros(graph.n, dtype=bool)
-        droppable[forward_ids(graph)] = True
-        self.droppable = droppable & ~forced_keep(graph) & (graph.mem > 0)
+        e = graph.edge_array.reshape(-1, 2)
+        self.src = e[:, 0]
+        droppable = graph.recomputable_mask & (graph.mem > 0)
+        # dropping after the last read is freeing, which every schedule does anyway
+        last = np.full(graph.n, -1, dtype=np.int64)
+        np.maximum.at(last, self.src, e[:, 1])
+        self.candidate = droppable[self.src] & (e[:, 1] < last[self.src])
+        # per value, its reads in id order (edge indices), for "the read before the peak"
+        order = np.lexsort((e[:, 1], self.src))
+        self.reads: list[list[int]] = [[] for _ in range(graph.n)]
+        for k in order.tolist():
+            self.reads[int(self.src[k])].append(k)
+        self.dst = e[:, 1]
+        # checkpoint mode: a forward value goes at its last forward read, or not at all
+        self.at_last_forward = np.full(graph.n, -1, dtype=np.int64)
+        fwd_value = ~forced_keep(graph) & ~graph.backward_mask & droppable
+        lf = last_forward_reader(graph)
+        hit = fwd_value[self.src] & (e[:, 1] == lf[self.src])
+        self.at_last_forward[self.src[hit]] = np.flatnonzero(hit)
         mem = graph.mem.astype(np.float64)
         self.ratio = np.where(mem > 0, graph.cost / np.maximum(mem, 1.0), np.inf)
         self.evaluations = 0
         self.best: tuple[npt.NDArray[np.bool_], Schedule, SimResult] | None = None
-        self.low: tuple[Schedule, SimResult] = self.run(self.droppable.copy())
+        self.low: tuple[Schedule, SimResult] | None = None
+        #: (cost, drops, transient) of each policy a descent met that fits
+        self.fits: list[tuple[float, npt.NDArray[np.bool_], bool]] = []
+        self.run(np.zeros(len(self.src), dtype=bool))
 
     def expired(self) -> bool:
         return self.deadline is not None and time.perf_counter() > self.deadline
 
-    def run(self, keep: npt.NDArray[np.bool_]) -> tuple[Schedule, SimResult]:
-        """Schedule and simulate the policy keeping ``keep`` (recording the best)."""
-        sched = schedule_from_kept(self.graph, np.flatnonzero(keep).tolist())
+    def run(
+        self, drop: npt.NDArray[np.bool_], transient: bool = False
+    ) -> tuple[Schedule, SimResult, list[int]]:
+        """Schedule and simulate the policy ``drop`` (recording the best and the lowest)."""
+        seq, owner = drop_sequence(self.graph, drop, transient=transient)
+        sched = schedule_from_order(self.graph, seq)
         sim = simulate(self.graph, sched)
         self.evaluations += 1
         if sim.peak <= self.budget and (self.best is None or sim.cost < self.best[2].cost - 1e-15):
-            self.best = (keep.copy(), sched, sim)
-        if not hasattr(self, "low") or sim.peak < self.low[1].peak:
+            self.best = (drop.copy(), sched, sim)
+        if self.low is None or sim.peak < self.low[1].peak:
             self.low = (sched, sim)
-        return sched, sim
+        return sched, sim, owner
 
-    def descend(self, protect: tuple[int, ...]) -> None:
-        """From keeping everything, drop unprotected values live at the peak, cheapest per
-        byte first, until the peak fits (or nothing at the peak can go)."""
+    def descend(self, protect: npt.NDArray[np.bool_], mode: str) -> None:
+        """Drop values live at the peak (not ``protect``-ed), cheapest per byte first, until
+        the peak fits or nothing there can go. ``mode="gap"`` drops a value at its last read
+        before the peak (``"gap-transient"``: recomputes do not hold what they read, see
+        :func:`~solvers.strategies._segments.drop_sequence`); ``mode="checkpoint"`` drops a
+        forward value at its last forward read (Chen's policies are of this kind: the
+        backward recomputes it)."""
         graph = self.graph
-        kept = self.droppable.copy()
-        may_drop = self.droppable.copy()
-        may_drop[list(protect)] = False
-        sched, sim = self.run(kept)
+        drop = np.zeros(len(self.src), dtype=bool)
+        transient = mode == "gap-transient"
+        sched, sim, owner = self.run(drop, transient)
+        if sim.peak <= self.budget:
+            self.fits.append((sim.cost, drop.copy(), transient))
         while sim.peak > self.budget and not self.expired():
+            computes = sum(1 for op, _ in sched.steps[: sim.peak_step + 1] if op == COMPUTE)
+            prog = owner[computes - 1]  # the program node being run at the peak
             node = sched.steps[sim.peak_step][1]
-            live = resident_at(graph, sched, sim.peak_step) & kept & may_drop
-            live[node] = False
-            live[list(graph.preds[node])] = False
-            options = np.flatnonzero(live)
-            if options.size == 0:
+            live = resident_at(graph, sched, sim.peak_step) & ~protect
+            live[[node, prog, *graph.preds[node], *graph.preds[prog]]] = False
+            options: list[tuple[float, int]] = []
+            for u in np.flatnonzero(live).tolist():
+                if mode == "checkpoint":
+                    k = int(self.at_last_forward[u])
+                else:
+                    before = [k for k in self.reads[u] if self.dst[k] < prog]
+                    k = before[-1] if before and self.candidate[before[-1]] else -1
+                if k >= 0 and not drop[k]:
+                    options.append((float(self.ratio[u]), k))
+            if not options:
                 return
-            options = options[np.argsort(self.ratio[options], kind="stable")]
-            upto = int(np.searchsorted(np.cumsum(graph.mem[options]), sim.peak - self.budget)) + 1
-            kept[options[:upto]] = False
-            sched, sim = self.run(kept)
+            options.sort()
+            excess, freed = sim.peak - self.budget, 0
+            for _, k in options:
+                drop[k] = True
+                freed += int(graph.mem[self.src[k]])
+                if freed >= excess:
+                    break
+            sched, sim, owner = self.run(drop, transient)
+            if sim.peak <= self.budget:
+                self.fits.append((sim.cost, drop.copy(), transient))
 
-    def repair(self) -> None:
-        """Keep dropped values again while the best schedule still fits and gets cheaper,
-        the costliest recomputations first."""
-        assert self.best is not None
-        kept = self.best[0].copy()
-        dropped = np.flatnonzero(self.droppable & ~kept)
-        for v in dropped[np.argsort(-self.ratio[dropped], kind="stable")].tolist():
+    def repair(self, drop: npt.NDArray[np.bool_], transient: bool) -> None:
+        """Undo drops of the policy ``drop`` while it still fits and gets cheaper, the
+        costliest recomputations first."""
+        drop = drop.copy()
+        cost = self.run(drop, transient)[1].cost
+        dropped = np.flatnonzero(drop)
+        for k in dropped[np.argsort(-self.ratio[self.src[dropped]], kind="stable")].tolist():
             if self.expired():
                 return
-            kept[v] = True
-            before = self.best[2].cost
-            self.run(kept)
-            if self.best[2].cost >= before:  # no gain (or over budget): undo
-                kept[v] = False
+            drop[k] = False
+            sim = self.run(drop, transient)[1]
+            if sim.peak <= self.budget and sim.cost < cost - 1e-15:
+                cost = sim.cost
+            else:  # no gain (or over budget): drop again
+                drop[k] = True

@@ -70,3 +70,19 @@ def test_reports_its_least_peak_when_nothing_fits() -> None:
     assert res.status == Status.NO_SOLUTION and res.schedule is not None
     assert res.peak is not None and res.peak > 25 and "over the budget" in res.info["message"]
     assert np.all(validate(g, res.schedule).compute_counts >= 1)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_dropping_at_the_last_forward_read_is_the_kept_set_policy(seed: int) -> None:
+    from solvers.strategies._segments import checkpoint_sequence, drop_sequence, last_forward_reader
+    from tests.unit.test_dtr import random_training_graph
+
+    g = random_training_graph(seed)
+    rng = np.random.default_rng(seed)
+    kept = [int(v) for v in np.flatnonzero(~g.backward_mask) if rng.random() < 0.4]
+    e = g.edge_array
+    lf = last_forward_reader(g)
+    dropped = ~forced_keep(g) & ~g.backward_mask
+    dropped[kept] = False
+    drop = dropped[e[:, 0]] & (e[:, 1] == lf[e[:, 0]])
+    assert drop_sequence(g, drop)[0] == checkpoint_sequence(g, kept)
