@@ -1,4 +1,4 @@
-"""``checkmate.optimize``: measured memory under the budget, overhead, API behaviour.
+"""``checkmate.optimize``: measured memory under the budget, the eager path at 100%, API behaviour.
 
 Budgets here are bytes: a fraction of the *measured* peak of the eager step (what a user
 sees), not of the planner's simulated peak. Each test prints the measured and simulated
@@ -8,10 +8,8 @@ peaks (``pytest -s``).
 from __future__ import annotations
 
 import copy
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +23,7 @@ import checkmate  # noqa: E402
 from checkmate.api import plans_of  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
 from solvers.errors import InfeasibleBudgetError, SolverError, TraceError  # noqa: E402
+from solvers.schedule import simulate  # noqa: E402
 from tests.integration import _models as M  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -100,30 +99,61 @@ def test_measured_peak_within_budget(name: str, fraction: float) -> None:
     assert measured <= 1.05 * budget
 
 
-def _step_time(model: Any, x: Any) -> float:
+def _autograd_nodes(out: Any) -> list[str]:
+    """The types of the autograd graph's nodes behind ``out``, in a fixed walk order."""
+    seen: set[Any] = set()
+    order: list[str] = []
+    stack = [out.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        order.append(type(fn).__name__)
+        stack.extend(nxt for nxt, _ in fn.next_functions)
+    return order
+
+
+def _grads(model: Any) -> list[Any]:
+    grads = [p.grad.clone() for p in model.parameters()]
     _zero(model)
-    t0 = time.perf_counter()
-    _step(model, x)
-    return time.perf_counter() - t0
+    return grads
 
 
-def test_full_budget_adds_no_overhead() -> None:
-    """At 100% nothing is recomputed, and the step costs what eager's does (<= 1.05x; the
-    median of steps alternating with eager ones; up to 3 attempts against the noise of a
-    busy machine)."""
+def test_full_budget_runs_eager() -> None:
+    """At 100% the plan recomputes nothing, and later steps take the eager fast path: the
+    forward records exactly the autograd graph eager records (not the compiled path's one
+    ``CompiledFunctionBackward`` node), so the step runs eager's ops and costs eager's time
+    (the timing itself is ``python -m benchmarks.overhead``: timed tests are too noisy on a
+    shared machine). Counting dispatched ops under a TorchDispatchMode would not tell the
+    two paths apart: Dynamo runs frames eagerly while such a mode is active."""
     torch.manual_seed(0)
     model = M.TinyTransformer(64, 64, 1)
     x = torch.randint(0, 64, (8, 32))
-    opt = checkmate.optimize(model, 1.0, (x,), profile="cpu", time_limit=3)
-    assert all(r.recomputes == 0 for r in plans_of(opt))
-    ratios = []
-    for _ in range(3):
-        pairs = [(_step_time(opt, x), _step_time(model, x)) for _ in range(25)]
-        ratios.append(statistics.median(a for a, _ in pairs) / statistics.median(b for _, b in pairs))
-        if ratios[-1] <= 1.05:
-            break
-    print(f"\nstep time at 100%: {ratios[-1]:.3f} x eager (attempts {[round(r, 3) for r in ratios]})")
-    assert min(ratios) <= 1.05
+    opt = checkmate.optimize(model, 1.0, profile="cpu", time_limit=3)
+    ref = model(x)
+    eager_nodes = _autograd_nodes(ref)
+    _loss(ref).backward()
+    eager_grads = _grads(model)
+
+    first = opt(x)  # plans, and runs the plan through the compiled path
+    assert "CompiledFunctionBackward" in _autograd_nodes(first)  # the signal tells the paths apart
+    _loss(first).backward()
+    first_grads = _grads(opt)
+    records = plans_of(opt)
+    assert records and all(r.recomputes == 0 and r.is_eager and not r.paged for r in records)
+    for r in records:  # the schedule itself computes every op exactly once
+        assert r.result.schedule is not None
+        assert (simulate(r.joint.graph, r.result.schedule).compute_counts == 1).all()
+
+    second = opt(x)  # same shapes: the eager fast path
+    assert _autograd_nodes(second) == eager_nodes
+    assert torch.equal(second, ref) and torch.equal(first, ref)
+    _loss(second).backward()
+    second_grads = _grads(opt)
+    assert len(plans_of(opt)) == len(records)  # no new plan, no recompilation
+    assert all(torch.equal(a, b) for a, b in zip(eager_grads, first_grads, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(eager_grads, second_grads, strict=True))
 
 
 def test_new_shapes_plan_again_and_example_inputs_plan_now() -> None:
