@@ -30,7 +30,8 @@ Modelling choices (the simulator's memory must match what the runtime allocates)
 - Backward nodes are the ops that depend on a tangent, and the ops that only the backward
   reads (moved to right before their first reader; see :func:`_backward_only`); node ids
   list every forward node before every backward node, so a schedule splits into a forward
-  and a backward part at its first backward compute.
+  and a backward part at its first backward compute. Backward ops larger than their
+  inputs also run right before their first reader (:func:`_deferrable`).
 """
 
 from __future__ import annotations
@@ -214,17 +215,46 @@ def _backward_only(
     return sunk
 
 
+def _deferrable(
+    owners: list[fx.Node],
+    inputs: dict[fx.Node, set[fx.Node]],
+    backward: set[fx.Node],
+    pinned: set[fx.Node],
+    mem: dict[fx.Node, int],
+) -> set[fx.Node]:
+    """Backward ops larger than all their inputs together: computed right before their
+    first reader instead of where AOTAutograd lists them.
+
+    Holding such an op's output from where it is listed to its first reader costs more
+    than holding its inputs over the same stretch, whatever else is live, so running it
+    late never raises the peak of a schedule. The case that matters: a tied embedding's
+    gradient (the LM head's ``mm``, vocabulary x width) that AOTAutograd computes first
+    in the backward and adds to the embedding's gradient last.
+    """
+    return {
+        o
+        for o in owners
+        if o in backward
+        and o.op == "call_function"
+        and o not in pinned
+        and mem[o] > sum(mem[b] for b in inputs[o])
+    }
+
+
 def _lazy_order(
-    owners: list[fx.Node], inputs: dict[fx.Node, set[fx.Node]], backward: set[fx.Node], sunk: set[fx.Node]
+    owners: list[fx.Node],
+    inputs: dict[fx.Node, set[fx.Node]],
+    backward: set[fx.Node],
+    late: set[fx.Node],
 ) -> list[fx.Node]:
-    """The backward ops in fx order, each preceded by the not yet placed ``sunk`` ops it
-    reads (depth first, inputs before readers)."""
+    """The backward ops in fx order, except that ``late`` ops are placed right before
+    their first reader (depth first, inputs before readers); late ops nothing reads
+    (outputs) come last."""
     rank = {o: i for i, o in enumerate(owners)}
     placed: set[fx.Node] = set()
     out: list[fx.Node] = []
-    for o in owners:
-        if o not in backward:
-            continue
+
+    def place(o: fx.Node) -> None:
         stack: list[tuple[fx.Node, bool]] = [(o, False)]
         while stack:
             v, expanded = stack.pop()
@@ -236,9 +266,16 @@ def _lazy_order(
                 continue
             stack.append((v, True))
             for b in sorted(
-                (b for b in inputs[v] if b in sunk and b not in placed), key=rank.__getitem__, reverse=True
+                (b for b in inputs[v] if b in late and b not in placed), key=rank.__getitem__, reverse=True
             ):
                 stack.append((b, False))
+
+    for o in owners:
+        if o in backward and o not in late:
+            place(o)
+    for o in owners:
+        if o in late and o not in placed:
+            place(o)
     return out
 
 
@@ -374,9 +411,10 @@ def build_graph(
     }
     mem = {o: 0 if _writes_input(call_of.get(o, o)) else _tensor_bytes(o.meta.get("val")) for o in owners}
     sunk = _backward_only(owners, inputs, backward, once | held_owners | set(call_of), mem)
+    late = sunk | _deferrable(owners, inputs, backward, once | set(call_of), mem)
 
     ordered = [o for o in owners if o not in backward and o not in sunk] + _lazy_order(
-        owners, inputs, backward, sunk
+        owners, inputs, backward, late
     )
     gid = {o: i for i, o in enumerate(ordered)}
     ops = [call_of.get(o, o) for o in ordered]

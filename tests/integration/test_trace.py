@@ -183,3 +183,37 @@ def test_ops_only_the_backward_reads_move_to_the_backward() -> None:
         fwd_readers = [s for s in g.succs[v] if not g.nodes[s].backward]
         small = any(g.mem[v] < g.mem[p] for p in g.preds[v])
         assert fwd_readers or not g.nodes[v].recomputable or small, g.nodes[v].name
+
+
+class _TiedLM(nn.Module):
+    """Embedding and LM head sharing one weight, as GPT-2 does."""
+
+    def __init__(self, vocab: int = 512, d: int = 16) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.mid = nn.Linear(d, d)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.mid(self.emb(idx)))
+        return (h @ self.emb.weight.t()).logsumexp(-1)
+
+
+def test_a_backward_op_larger_than_its_inputs_runs_right_before_its_reader() -> None:
+    # the head's weight gradient (vocab x d) is listed first in the backward and read last
+    # (added to the embedding's gradient): held in between, it would set the peak (with
+    # fewer tokens than the width, it is larger than the logits' gradient it is made from)
+    vocab, d = 512, 64
+    _, jg = _joint(_TiedLM(vocab, d), torch.randint(0, vocab, (2, 4)))
+    g = jg.graph
+    grads = [v for v in range(g.n) if g.nodes[v].backward and g.mem[v] == vocab * d * 4 and g.preds[v]]
+    head = next(v for v in grads if g.nodes[v].op.startswith("aten.mm"))
+    reader = min(g.succs[head])
+    ancestors = set()
+    stack = [reader]
+    while stack:
+        for p in g.preds[stack.pop()]:
+            if p not in ancestors:
+                ancestors.add(p)
+                stack.append(p)
+    assert all(w in ancestors for w in range(head + 1, reader)), "unrelated ops run between"
+    assert g.mem[head] > sum(g.mem[p] for p in g.preds[head])
