@@ -6,7 +6,10 @@
   (instance attribute, so ``state_dict`` keys are unchanged);
 - pt-budget: ``torch.compile`` with PyTorch's min-cut partitioner and eager (boxed) compilers,
   i.e. the ``aot_eager`` backend, at ``torch._functorch.config.activation_memory_budget``;
-- checkmate: ``checkmate.optimize`` at a budget in bytes;
+- checkmate: ``checkmate.optimize`` at a budget in bytes, of a wrapper whose ``forward``
+  runs the model and the workload's criterion (:class:`WithLoss`): the logits and the loss's
+  temporaries are then inside the planned graph, as when a user optimizes a model that
+  returns its loss; the step and the loss are the same as the other methods';
 - rockmate: not run without CUDA (see :data:`ROCKMATE_REASON`).
 """
 
@@ -24,6 +27,7 @@ from benchmarks.models import Workload
 __all__ = [
     "ROCKMATE_REASON",
     "Step",
+    "WithLoss",
     "prepare_checkmate",
     "prepare_checkpoint",
     "prepare_eager",
@@ -82,16 +86,40 @@ def prepare_pt_budget(budget: float) -> Callable[[nn.Module, Workload], Step]:
     return prepare
 
 
+class WithLoss(nn.Module):
+    """``model`` and the workload's criterion in one ``forward`` returning the loss.
+
+    It holds ``model`` as a submodule (parameters and buffers shared, not copied), so a
+    step through it updates the same gradients and BatchNorm statistics as a step through
+    ``model``; ``forward(*inputs, *batch)`` returns ``criterion(model(*inputs), batch)``,
+    i.e. exactly ``wl.loss(model)``.
+    """
+
+    def __init__(self, model: nn.Module, wl: Workload) -> None:
+        super().__init__()
+        self.model = model
+        self.criterion = wl.criterion
+        self.n_inputs = len(wl.inputs)
+        self.train(model.training)
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        inputs, batch = tensors[: self.n_inputs], tensors[self.n_inputs :]
+        return self.criterion(self.model(*inputs), batch)
+
+
 def prepare_checkmate(
     budget: int, strategy: str, time_limit: float, notes: list[str]
 ) -> Callable[[nn.Module, Workload], Step]:
-    """``checkmate.optimize`` at ``budget`` bytes, planned on the step's inputs; a line per
-    plan (strategy, simulated peak, recomputes, planned compute) is appended to ``notes``."""
+    """``checkmate.optimize`` of :class:`WithLoss` at ``budget`` bytes, planned on the
+    step's inputs and batch, so the plan sees the whole step (model, loss, backward) the
+    budget is measured on; a line per plan (strategy, simulated peak, recomputes, planned
+    compute) is appended to ``notes``."""
 
     def prepare(model: nn.Module, wl: Workload) -> Step:
         from checkmate.api import optimize, plans_of
 
-        opt = optimize(model, budget, wl.inputs, strategy=strategy, time_limit=time_limit)
+        args = (*wl.inputs, *wl.batch)
+        opt = optimize(WithLoss(model, wl), budget, args, strategy=strategy, time_limit=time_limit)
         for rec in plans_of(opt):
             res = rec.result
             cost = (res.cost or 0.0) / rec.joint.graph.total_cost - 1.0 if rec.joint.graph.total_cost else 0.0
@@ -99,7 +127,7 @@ def prepare_checkmate(
                 f"plan: {res.info.get('chosen', res.strategy)}, simulated peak {(res.peak or 0) / 2**20:.2f} MiB, "
                 f"{rec.recomputes} recomputes, +{cost:.0%} planned compute"
             )
-        return functools.partial(wl.loss, opt)
+        return functools.partial(opt, *args)
 
     return prepare
 

@@ -13,8 +13,10 @@ build per method; same batch) for one step = forward + loss + backward, on CPU, 
    (no inductor; dynamo is reset before each build).
 4. ``rockmate``: needs CUDA (rockmate 2.0.0 traces on ``torch.device("cuda")``); listed as
    not run on a machine without it.
-5. ``checkmate``: ``checkmate.optimize(model, budget_bytes)`` at the measured peak of each
-   other method (so points compare at the same memory) and at 0.7 / 0.5 of eager's peak.
+5. ``checkmate``: ``checkmate.optimize(WithLoss(model), budget_bytes)`` at the measured peak
+   of each other method (so points compare at the same memory) and at 0.7 / 0.5 of eager's
+   peak; the wrapper's forward runs the model and the same criterion, so the plan covers the
+   whole measured step (logits and loss included), as for a model that returns its loss.
 
 Measured for each: the peak bytes allocated during a step beyond what was live before
 (:func:`checkmate.memory.measure_peak`, the same tracker for every method); step time
