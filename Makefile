@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-second-run clean
+.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-second-run bench-overhead clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -53,6 +53,10 @@ bench-peers: install
 
 bench-peers-full: install
 	$(BIN)/python -m benchmarks.peers
+
+# Step time of checkmate against eager at budgets 1.0 and 0.5 (issue 3's overhead target; ~20 s).
+bench-overhead: install
+	$(BIN)/python -m benchmarks.overhead
 
 # A second process making the same optimize() call hits the plan cache.
 bench-second-run: install
