@@ -30,6 +30,8 @@ HEURISTICS = ("checkpoint-all", "peak-greedy", "chen-greedy", "chen-sqrtn", "dtr
 #: MILP skipped above this many nodes (its O(n^2) model would not finish usefully)
 MILP_MAX_NODES = 400
 DEFAULT_TIME_LIMIT = 60.0
+#: most of the time limit one heuristic may take
+HEURISTIC_SHARE = 0.3
 #: relative gap to the lower bound under which the search stops
 GAP_TOLERANCE = 1e-4
 
@@ -120,7 +122,8 @@ def solve_auto(
         return best is not None and best_cost <= lower * (1 + GAP_TOLERANCE)
 
     for name in HEURISTICS:
-        run(name, time_limit=left())
+        # a heuristic that searches (peak-greedy on thousands of ops) leaves time for the rest
+        run(name, time_limit=min(left(), HEURISTIC_SHARE * limit))
         if done():
             break
     if not done() and left() > 0:

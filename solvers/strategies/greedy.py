@@ -41,6 +41,9 @@ from solvers.strategies.baselines import chen_greedy_sets
 
 __all__ = ["peak_greedy", "resident_at"]
 
+#: above this many nodes, fewer descents and repairs (each replay costs O(n))
+LARGE = 1000
+
 
 def resident_at(graph: Graph, schedule: Schedule, step: int) -> npt.NDArray[np.bool_]:
     """Which values are resident right after ``schedule.steps[step]``."""
@@ -58,8 +61,8 @@ def peak_greedy(
     budget: int,
     *,
     time_limit: float | None = None,
-    starts: int = 8,
-    repairs: int = 3,
+    starts: int | None = None,
+    repairs: int | None = None,
     **options: Any,
 ) -> SolveResult:
     """Search the kept set with the simulator (see the module docstring).
@@ -70,14 +73,19 @@ def peak_greedy(
         time_limit: seconds; the search stops when they run out and returns the schedule
             found so far.
         starts: how many of Chen's greedy segmentations that fit the budget serve as
-            protected checkpoint sets of further descents (besides protecting nothing).
-        repairs: how many of the cheapest distinct descent ends get the repair pass.
+            protected checkpoint sets of further descents (besides protecting nothing);
+            default 8, 3 above 1,000 nodes.
+        repairs: how many of the cheapest distinct descent ends get the repair pass;
+            default 3, 1 above 1,000 nodes (a repair replays the schedule once per drop).
 
     Returns:
         FEASIBLE with the cheapest schedule found within the budget, else NO_SOLUTION with
         the least-peak schedule reached (attached for information).
     """
     t0 = time.perf_counter()
+    large = graph.n > LARGE
+    starts = (3 if large else 8) if starts is None else starts
+    repairs = (1 if large else 3) if repairs is None else repairs
     search = _Search(graph, budget, None if time_limit is None else t0 + max(float(time_limit), 0.0))
     nothing = np.zeros(graph.n, dtype=bool)
     protects: list[npt.NDArray[np.bool_]] = [nothing]
