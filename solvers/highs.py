@@ -4,6 +4,15 @@ Nothing of highspy leaves this module: HiGHS model statuses map to
 :class:`solvers.result.Status` through one table (:data:`STATUS_TABLE`), and HiGHS
 failures become :class:`solvers.errors.SolverError`.
 
+Time limits: HiGHS checks its ``time_limit`` only at some points. Measured with HiGHS
+1.15 on the public graphs, the MIP overruns it by tens of seconds: the analytic-centre
+IPM that its root node runs (a separate solver object without a time limit, 200
+iterations) and its setup after presolve take 20-50 s on MobileNet and ResNet50, with
+no callback in between. So a MIP with a time limit and at least :data:`ISOLATE_MIN_NNZ`
+nonzeros runs in a worker process (:mod:`solvers._highs_worker`) that streams its
+incumbents back and is killed when the limit (plus :func:`kill_grace`) has passed; the
+best incumbent and the last reported bound are then the result.
+
 HiGHS: Huangfu & Hall, "Parallelizing the dual revised simplex method", Math. Prog.
 Comp. 2018; the MIP solver is branch-and-cut with primal heuristics.
 """
@@ -23,12 +32,34 @@ import scipy.sparse as sp
 from solvers.errors import SolverError
 from solvers.result import Status
 
-__all__ = ["HighsProblem", "HighsResult", "STATUS_TABLE", "solve", "ProgressHook"]
+__all__ = [
+    "HighsProblem",
+    "HighsResult",
+    "STATUS_TABLE",
+    "ISOLATE_MIN_NNZ",
+    "solve",
+    "kill_grace",
+    "ProgressHook",
+]
 
 FloatArray = npt.NDArray[np.float64]
 
 #: (elapsed seconds, incumbent objective or None, dual bound or None, phase) -> None
 ProgressHook = Callable[[float, float | None, float | None, str], None]
+#: (column vector, objective, dual bound or None) -> None, on each improving MIP solution
+IncumbentHook = Callable[[FloatArray, float, float | None], None]
+
+#: MIPs with a time limit and at least this many nonzeros run in a worker process (the
+#: smallest model that overran its limit here had 340k; below this, a solve is too short
+#: for the 0.4 s start of a worker to pay off)
+ISOLATE_MIN_NNZ = 20_000
+
+
+def kill_grace(time_limit: float) -> float:
+    """Seconds past ``time_limit`` after which an isolated solve is stopped by force (HiGHS
+    normally stops itself at the limit; this leaves it time to return its answer)."""
+    return 1.0 + 0.02 * time_limit
+
 
 #: HiGHS model status name -> project status. None: a limit was hit, the status depends
 #: on whether a feasible solution exists (FEASIBLE) or not (NO_SOLUTION). Names that are
@@ -96,6 +127,28 @@ class HighsResult:
     row_dual: FloatArray | None = None
 
 
+@dataclass(frozen=True)
+class _Settings:
+    """Everything :func:`solve` passes to HiGHS (picklable, for the worker process).
+
+    ``wall_deadline`` (a ``time.time()`` value) replaces ``time_limit`` when set: the limit
+    is then what is left of it just before HiGHS runs.
+    """
+
+    relax: bool
+    time_limit: float | None
+    mip_rel_gap: float
+    threads: int | None
+    mip_heuristic_effort: float | None
+    start: FloatArray | None
+    lp_solver: str | None
+    presolve: bool
+    feasibility_tolerance: float
+    options: dict[str, Any]
+    log: bool
+    wall_deadline: float | None = None
+
+
 def solve(
     problem: HighsProblem,
     *,
@@ -112,6 +165,7 @@ def solve(
     progress_interval: float = 1.0,
     options: Mapping[str, Any] | None = None,
     log: bool = False,
+    isolate: bool | None = None,
 ) -> HighsResult:
     """Solve a MILP (or its LP relaxation) with HiGHS.
 
@@ -132,45 +186,90 @@ def solve(
             about every ``progress_interval`` seconds during the MIP search.
         progress_interval: seconds between periodic progress calls.
         options: further HiGHS options by name.
-        log: print HiGHS's log to the console.
+        log: print HiGHS's log to the console (stderr when isolated).
+        isolate: run HiGHS in a worker process that is stopped by force at the time limit
+            (see the module doc). None: for MIPs with a time limit and at least
+            :data:`ISOLATE_MIN_NNZ` nonzeros. Without a time limit there is nothing to
+            enforce and the solve runs here.
 
     Returns:
-        A :class:`HighsResult`.
+        A :class:`HighsResult`. An isolated solve stopped by force has model status
+        ``kTimeLimit``, the best incumbent HiGHS reported (or ``start``) and the last dual
+        bound it reported, and ``info["killed"] = True``.
 
     Raises:
         SolverError: HiGHS rejected the model or an option, or failed while solving.
     """
+    is_mip = not relax and problem.integrality is not None and bool(np.any(problem.integrality))
+    xs = None
+    if start is not None and is_mip:
+        xs = np.ascontiguousarray(start, dtype=np.float64)
+        if xs.shape != (len(problem.cost),):
+            raise SolverError(f"start vector has shape {xs.shape}; expected ({len(problem.cost)},)")
+    settings = _Settings(
+        relax=bool(relax),
+        time_limit=None if time_limit is None else float(max(time_limit, 0.0)),
+        mip_rel_gap=float(mip_rel_gap),
+        threads=threads,
+        mip_heuristic_effort=mip_heuristic_effort,
+        start=xs,
+        lp_solver=lp_solver,
+        presolve=bool(presolve),
+        feasibility_tolerance=float(feasibility_tolerance),
+        options=dict(options or {}),
+        log=bool(log),
+    )
+    if isolate is None:
+        isolate = is_mip and sp.csc_matrix(problem.A).nnz >= ISOLATE_MIN_NNZ
+    if isolate and settings.time_limit is not None:
+        from solvers._highs_worker import solve_isolated
+
+        return solve_isolated(problem, settings, progress, progress_interval)
+    return solve_here(problem, settings, progress, progress_interval)
+
+
+def solve_here(
+    problem: HighsProblem,
+    settings: _Settings,
+    progress: ProgressHook | None = None,
+    progress_interval: float = 1.0,
+    on_incumbent: IncumbentHook | None = None,
+) -> HighsResult:
+    """:func:`solve` in this process (the worker's body too); ``on_incumbent`` receives
+    each improving MIP solution. Internal: callers use :func:`solve`."""
     import highspy
 
     h = highspy.Highs()
     t0 = time.perf_counter()
     callback_error: list[BaseException] = []
     try:
-        _set(h, "output_flag", bool(log))
-        _set(h, "log_to_console", bool(log))
-        _set(h, "primal_feasibility_tolerance", float(feasibility_tolerance))
-        _set(h, "mip_feasibility_tolerance", float(feasibility_tolerance))
-        _set(h, "mip_rel_gap", float(mip_rel_gap))
-        _set(h, "presolve", "on" if presolve else "off")
-        if time_limit is not None:
-            _set(h, "time_limit", float(max(time_limit, 0.0)))
-        if threads is not None:
-            _set(h, "threads", int(threads))
-        if mip_heuristic_effort is not None:
-            _set(h, "mip_heuristic_effort", float(mip_heuristic_effort))
-        if lp_solver is not None:
-            _set(h, "solver", str(lp_solver))
-        for name, value in (options or {}).items():
+        _set(h, "output_flag", settings.log)
+        _set(h, "log_to_console", settings.log)
+        _set(h, "primal_feasibility_tolerance", settings.feasibility_tolerance)
+        _set(h, "mip_feasibility_tolerance", settings.feasibility_tolerance)
+        _set(h, "mip_rel_gap", settings.mip_rel_gap)
+        _set(h, "presolve", "on" if settings.presolve else "off")
+        if settings.time_limit is not None:
+            _set(h, "time_limit", settings.time_limit)
+        if settings.threads is not None:
+            _set(h, "threads", int(settings.threads))
+        if settings.mip_heuristic_effort is not None:
+            _set(h, "mip_heuristic_effort", float(settings.mip_heuristic_effort))
+        if settings.lp_solver is not None:
+            _set(h, "solver", str(settings.lp_solver))
+        for name, value in settings.options.items():
             _set(h, name, value)
-        is_mip = not relax and problem.integrality is not None and bool(np.any(problem.integrality))
+        is_mip = not settings.relax and problem.integrality is not None and bool(np.any(problem.integrality))
         _pass_model(h, highspy, problem, is_mip)
-        if start is not None and is_mip:
-            xs = np.ascontiguousarray(start, dtype=np.float64)
-            if xs.shape != (len(problem.cost),):
-                raise SolverError(f"start vector has shape {xs.shape}; expected ({len(problem.cost)},)")
+        xs = settings.start
+        if xs is not None and is_mip:
             _check(h.setSolution(len(xs), np.arange(len(xs), dtype=np.int32), xs), highspy, "setSolution")
         if progress is not None:
             _attach_progress(h, progress, progress_interval, t0, is_mip, callback_error)
+        if on_incumbent is not None and is_mip:
+            _attach_incumbent(h, on_incumbent, callback_error)
+        if settings.wall_deadline is not None:  # what is left after passing the model
+            _set(h, "time_limit", max(settings.wall_deadline - time.time(), 0.0))
         status = h.run()
         if callback_error:
             raise callback_error[0]
@@ -271,6 +370,23 @@ def _attach_progress(
     else:
         h.cbSimplexInterrupt.subscribe(on_lp)
         h.cbIpmInterrupt.subscribe(on_lp)
+
+
+def _attach_incumbent(h: Any, hook: IncumbentHook, errors: list[BaseException]) -> None:
+    def on_improving(e: Any) -> None:
+        out = e.data_out
+        bound = float(out.mip_dual_bound)
+        try:
+            hook(
+                np.array(out.mip_solution, dtype=np.float64),
+                float(out.objective_function_value),
+                bound if math.isfinite(bound) else None,
+            )
+        except BaseException as exc:  # never let a callback unwind through C++
+            errors.append(exc)
+            e.interrupt()
+
+    h.cbMipImprovingSolution.subscribe(on_improving)
 
 
 def _result(h: Any, highspy: Any, is_mip: bool, seconds: float) -> HighsResult:

@@ -16,6 +16,12 @@
    and round each: tighter memory rows push S towards patterns that fit. Keep the best.
 
 The result is OPTIMAL when its cost meets the LP bound, otherwise FEASIBLE.
+
+Time: ``time_limit`` covers the whole call (model building, every LP, rounding, decoding).
+Each LP gets what is left of it; the sweep stops at the limit once it holds a schedule,
+and may run :func:`rounding_grace` seconds past it only while it has none. ``info``
+lists every LP solve in order (``lp_solves``: model, budget factor, seconds, HiGHS
+status), so where the time went is visible.
 """
 
 from __future__ import annotations
@@ -42,12 +48,18 @@ from solvers.strategies.ilp import (
     reduced_costs,
 )
 
-__all__ = ["solve_lp_rounding", "round_threshold_sweep", "thresholds_for"]
+__all__ = ["solve_lp_rounding", "round_threshold_sweep", "thresholds_for", "rounding_grace"]
 
 BoolMatrix = npt.NDArray[np.bool_]
 
 #: relative slack under which a rounded cost counts as meeting the LP bound
 _BOUND_TOL = 1e-7
+
+
+def rounding_grace(time_limit: float) -> float:
+    """Seconds past ``time_limit`` the sweep may take while it has no schedule yet: a
+    schedule found just late beats none (half the stated slack, max(2 s, 10%))."""
+    return 0.5 * max(2.0, 0.1 * time_limit)
 
 
 def thresholds_for(S_lp: npt.NDArray[np.float64], max_count: int = 48) -> list[float]:
@@ -65,6 +77,7 @@ def round_threshold_sweep(
     S_lp: npt.NDArray[np.float64],
     thresholds: Sequence[float] | None = None,
     deadline: float | None = None,
+    hard_deadline: float | None = None,
 ) -> tuple[BoolMatrix, BoolMatrix, float, float] | None:
     """Round a fractional S by a threshold sweep; keep the cheapest (R, S) within budget.
 
@@ -73,7 +86,9 @@ def round_threshold_sweep(
         budget: bytes.
         S_lp: (n, n) fractional S (e.g. from the LP relaxation).
         thresholds: the θ to try (default :func:`thresholds_for`).
-        deadline: ``time.perf_counter()`` value after which to stop sweeping.
+        deadline: ``time.perf_counter()`` value after which to stop sweeping once a
+            pattern fits.
+        hard_deadline: ``time.perf_counter()`` value after which to stop in any case.
 
     Returns:
         (R, S, cost, θ) of the cheapest fitting pattern, or None if none fits.
@@ -81,7 +96,10 @@ def round_threshold_sweep(
     best: tuple[BoolMatrix, BoolMatrix, float, float] | None = None
     seen: set[bytes] = set()
     for theta in thresholds if thresholds is not None else thresholds_for(S_lp):
-        if deadline is not None and best is not None and time.perf_counter() > deadline:
+        now = time.perf_counter()
+        if deadline is not None and best is not None and now > deadline:
+            break
+        if hard_deadline is not None and now > hard_deadline:
             break
         S0 = S_lp >= theta
         key = np.packbits(S0).tobytes()
@@ -116,8 +134,10 @@ def solve_lp_rounding(
     Args:
         graph: the graph.
         budget: memory budget in bytes.
-        time_limit: seconds for all LP solves and rounding together; the LP at the full
-            budget always runs (its own limit is the time limit).
+        time_limit: seconds for the whole call (model building, every LP solve, rounding
+            and decoding); each LP gets what is left. The call returns within about
+            ``time_limit + rounding_grace(time_limit)`` plus one threshold's rounding,
+            with the best schedule so far, or NO_SOLUTION with the bound if there is none.
         budget_factors: the LP is solved at ``budget * f`` for each f in turn (tighter
             memory rows push the rounding towards patterns that fit; the best of all is
             kept) until a rounding meets the bound or time runs out; f = 1.0 gives the
@@ -155,6 +175,8 @@ def solve_lp_rounding(
             budget,
             info={"min_budget": floor, "reason": "largest op working set"},
         )
+    deadline = None if time_limit is None else t0 + time_limit
+    hard_deadline = None if time_limit is None else t0 + time_limit + rounding_grace(time_limit)
     full = formulate(graph, budget)
     model = full
     masks = liveness_masks(graph)
@@ -163,7 +185,6 @@ def solve_lp_rounding(
     elif support != "full":
         raise ValueError(f"support must be 'liveness' or 'full', not {support!r}")
     build = time.perf_counter() - t0
-    deadline = None if time_limit is None else t0 + time_limit
     info: dict[str, Any] = {
         "num_vars": model.num_vars,
         "num_constraints": model.num_constraints,
@@ -171,6 +192,7 @@ def solve_lp_rounding(
         "support": support,
         "lp_seconds": [],
         "tried_factors": [],
+        "lp_solves": [],
     }
     lower: float | None = None
     best: tuple[BoolMatrix, BoolMatrix, float, float] | None = None
@@ -188,8 +210,8 @@ def solve_lp_rounding(
                 )
             )
 
-    def lp(m: MilpModel, factor: float) -> highs.HighsResult:
-        remaining = None if deadline is None else max(deadline - time.perf_counter(), 1.0)
+    def lp(m: MilpModel, factor: float, what: str) -> highs.HighsResult:
+        remaining = None if deadline is None else max(deadline - time.perf_counter(), 0.0)
         res = highs.solve(
             problem_of(m.with_budget(budget * factor)),
             relax=True,
@@ -200,17 +222,20 @@ def solve_lp_rounding(
         )
         info["lp_seconds"].append(res.seconds)
         info["tried_factors"].append(factor)
+        info["lp_solves"].append(
+            {"model": what, "factor": factor, "seconds": res.seconds, "status": res.model_status}
+        )
         return res
 
     for k, factor in enumerate(budget_factors):
         if k > 0 and deadline is not None and time.perf_counter() >= deadline:
             break
-        res = lp(model, factor)
+        res = lp(model, factor, "full" if model is full else "restricted")
         if res.status == Status.INFEASIBLE and model is not full and factor >= 1.0:
             # the restricted support cannot fit the budget: the full model may
             model = full
             info.update(support="full", num_vars=full.num_vars, num_constraints=full.num_constraints)
-            res = lp(model, factor)
+            res = lp(model, factor, "full (restricted infeasible)")
         if res.status == Status.INFEASIBLE:
             if factor >= 1.0:
                 info["min_budget"] = floor
@@ -248,7 +273,7 @@ def solve_lp_rounding(
             masks[1][fi.s_t[new_s], fi.s_i[new_s]] = True
             grown = formulate(graph, budget, support=masks)
             rounds += 1
-            nxt = lp(grown, factor)
+            nxt = lp(grown, factor, f"pricing round {rounds}")
             if nxt.x is None:
                 break
             model, res = grown, nxt
@@ -256,7 +281,9 @@ def solve_lp_rounding(
         report(f"LP at {factor:g} x budget")
         x = res.x
         assert x is not None
-        found = round_threshold_sweep(graph, budget, model.index.dense_s(x), thresholds, deadline)
+        found = round_threshold_sweep(
+            graph, budget, model.index.dense_s(x), thresholds, deadline, hard_deadline
+        )
         if found is not None and (best is None or found[2] < best[2]):
             best, best_factor = found, factor
         report(f"rounded LP at {factor:g} x budget")
