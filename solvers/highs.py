@@ -20,6 +20,7 @@ Comp. 2018; the MIP solver is branch-and-cut with primal heuristics.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -221,7 +222,8 @@ def solve(
     )
     if isolate is None:
         isolate = is_mip and sp.csc_matrix(problem.A).nnz >= ISOLATE_MIN_NNZ
-    if isolate and settings.time_limit is not None:
+    # an embedded interpreter (empty sys.executable) cannot start a worker: solve here
+    if isolate and settings.time_limit is not None and sys.executable:
         from solvers._highs_worker import solve_isolated
 
         return solve_isolated(problem, settings, progress, progress_interval)
