@@ -46,7 +46,17 @@ RESULTS_DIR = REPO / "benchmarks" / "results"
 
 BUDGETS = (0.9, 0.8, 0.7, 0.6, 0.5)
 #: in run order: fast heuristics first, so the searches can start from their best schedule
-STRATEGIES = ("checkpoint-all", "chen-sqrtn", "chen-greedy", "dtr", "lp-rounding", "ilp", "cpsat")
+STRATEGIES = (
+    "checkpoint-all",
+    "chen-sqrtn",
+    "chen-greedy",
+    "peak-greedy",
+    "dtr",
+    "coop",
+    "lp-rounding",
+    "ilp",
+    "cpsat",
+)
 SEARCHING = {"ilp", "lp-rounding", "cpsat", "auto"}
 CHECKMATE_GRAPHS = (
     "VGG16_b256_224x224",
@@ -64,6 +74,8 @@ TIME_LIMIT = 60.0
 #: issue 5: random_layered_n1000 at 0.8 gets 300 s
 SPECIAL_LIMITS = {("random_layered_n1000", 0.8): 300.0}
 TRACE_TIMEOUT = 900
+#: seconds for ``python -m benchmarks.e2e`` (both models, one fresh process each)
+E2E_TIMEOUT = 2400
 GUARD = 2.0  # a child gets GUARD * time_limit + 30 s of wall clock before it is killed
 
 
@@ -279,6 +291,30 @@ def trace_models(out_dir: Path) -> tuple[list[Path], list[str]]:
     return paths, notes
 
 
+def run_e2e(out_dir: Path, time_limit: float) -> tuple[list[Any], list[str]]:
+    """``checkmate.optimize`` end to end on the traced models (``benchmarks.e2e``: trace +
+    profile + solve + codegen timed in a fresh process per model, plus one measured step),
+    in a subprocess so this process never imports torch. Returns its rows and notes."""
+    from benchmarks import e2e
+
+    if importlib.util.find_spec("torch") is None:
+        return [], ["not run: torch is not installed"]
+    cmd = [sys.executable, "-m", "benchmarks.e2e", "--time-limit", str(time_limit), "--out", str(out_dir)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=E2E_TIMEOUT, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        return [], [f"not run: took more than {E2E_TIMEOUT} s"]
+    rows = [
+        e2e.row_from_json(line[len(e2e.MARKER) :])
+        for line in proc.stdout.splitlines()
+        if line.startswith(e2e.MARKER)
+    ]
+    if not rows:
+        tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        return [], [f"not run: {tail[-1] if tail else f'exit code {proc.returncode}'}"]
+    return rows, []
+
+
 def read_csv(path: Path) -> list[Row]:
     """Rows back from a CSV written by :func:`write_csv`."""
     types = {f.name: f.type for f in fields(Row)}
@@ -325,7 +361,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         loaded = [r for f in args.tables_from.split(",") if f for r in read_csv(Path(f))]
         limit = args.time_limit if args.time_limit is not None else TIME_LIMIT
         notes = [f"tables from {', '.join(Path(f).name for f in args.tables_from.split(',') if f)}"]
-        md = tables.markdown(loaded, notes, limit, float("nan"), CHECKMATE_GRAPHS)
+        e2e_csv = RESULTS_DIR / "e2e.csv"
+        saved: list[Any] = []
+        if e2e_csv.is_file():
+            from benchmarks import e2e
+
+            saved = e2e.read_csv(e2e_csv)
+            notes.append(f"end to end from {e2e_csv.name}")
+        md = tables.markdown(loaded, notes, limit, float("nan"), CHECKMATE_GRAPHS, saved)
         (RESULTS_DIR / "README_tables.md").write_text(md)
         print(f"wrote {RESULTS_DIR / 'README_tables.md'} from {len(loaded)} rows")
         return 0
@@ -342,12 +385,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if keys:
         paths = [p for p in paths if any(k in p.stem.lower() for k in keys)]
     traced_notes: list[str] = []
+    e2e_rows: list[Any] = []
     if args.no_traced or args.quick:
         traced_notes.append("not run (--no-traced or --quick)")
     elif keys and not any(k in "traced_gpt2_small traced_resnet50_like" for k in keys):
         traced_notes.append("not run (--only)")
     else:
         traced_paths, traced_notes = trace_models(RESULTS_DIR / "graphs")
+        print("end to end: checkmate.optimize on the traced models (python -m benchmarks.e2e)", flush=True)
+        e2e_rows, e2e_notes = run_e2e(RESULTS_DIR, time_limit)
+        traced_notes += [f"end to end {t}" for t in e2e_notes]
         paths += [p for p in traced_paths if not keys or any(k in p.stem.lower() for k in keys)]
     wanted = [s for s in args.strategies.split(",") if s] or list(STRATEGIES)
     strategies, notes = available_strategies(wanted)
@@ -366,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_csv(rows, RESULTS_DIR / f"{name}.csv")  # partial results survive an interrupt
     notes += [f"traced models (GPT-2-small-like, ResNet-50-like): {t}" for t in traced_notes]
     write_csv(rows, RESULTS_DIR / f"{name}.csv")
-    md = tables.markdown(rows, notes, time_limit, time.perf_counter() - t0, CHECKMATE_GRAPHS)
+    md = tables.markdown(rows, notes, time_limit, time.perf_counter() - t0, CHECKMATE_GRAPHS, e2e_rows)
     (RESULTS_DIR / ("README_tables.md" if name == "bench" else f"{name}_tables.md")).write_text(md)
     print(
         f"wrote {RESULTS_DIR / (name + '.csv')} ({len(rows)} rows) in {time.perf_counter() - t0:.0f} s",
