@@ -1,12 +1,13 @@
 """The default strategy: a small portfolio whose cheapest valid schedule wins.
 
-1. Cheap heuristics (checkpoint-all, peak-greedy, Chen's greedy and sqrt(n) segmentations, DTR): each
-   gives a valid schedule in milliseconds or fails; the cheapest one that fits is the
-   incumbent. Checkpoint-all fitting the budget is optimal outright (every node runs once).
+1. Cheap heuristics (checkpoint-all, peak-greedy, Chen's greedy and sqrt(n) segmentations,
+   DTR with and without banishing): each gives a valid schedule in milliseconds to seconds
+   or fails; the cheapest one that fits is the incumbent. Checkpoint-all fitting the budget is optimal outright (every node runs once).
 2. LP relaxation + two-phase rounding (Jain et al., MLSys 2020): a lower bound on every
    schedule's cost and usually a near-optimal schedule.
 3. The Checkmate MILP, warm-started from the incumbent (so it always has one), for the
-   rest of the time limit, skipped when the incumbent already meets the LP bound.
+   rest of the time limit, skipped when the incumbent already meets the LP bound, and
+   above ``milp_max_nodes`` (LP rounding then gets all the time left).
 
 Strategies that are not installed (optional dependencies) are skipped. The result names
 the strategy that produced the schedule (``info["chosen"]``) and every candidate's cost.
@@ -26,7 +27,16 @@ from solvers.schedule import Schedule, validate
 __all__ = ["solve_auto"]
 
 #: heuristics tried first, in order
-HEURISTICS = ("checkpoint-all", "peak-greedy", "chen-greedy", "chen-sqrtn", "dtr")
+HEURISTICS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("checkpoint-all", {}),
+    ("peak-greedy", {}),
+    ("chen-greedy", {}),
+    ("chen-sqrtn", {}),
+    ("dtr", {}),
+    # a static plan may recompute what the program freed (no banishing): fits where DTR's
+    # eager-runtime rule pins too much (traced transformers, U-Net at 0.5)
+    ("dtr", {"label": "dtr (no banishing)", "options": {"banish": False}}),
+)
 #: MILP skipped above this many nodes (its O(n^2) model would not finish usefully)
 MILP_MAX_NODES = 400
 DEFAULT_TIME_LIMIT = 60.0
@@ -104,33 +114,41 @@ def solve_auto(
         if sim.cost < best_cost - 1e-12:
             best, best_cost = dataclasses.replace(res, strategy=name, cost=sim.cost, peak=sim.peak), sim.cost
 
-    def run(name: str, **opts: Any) -> None:
+    def run(name: str, label: str | None = None, **opts: Any) -> None:
+        label = label or name
         try:
             fn = get_strategy(name)
         except CheckmateError as exc:
-            candidates[name] = f"unavailable: {exc}"
+            candidates[label] = f"unavailable: {exc}"
             return
         try:
             res = fn(graph, budget, **opts)
         except CheckmateError as exc:
-            candidates[name] = f"error: {exc}"
+            candidates[label] = f"error: {exc}"
             return
-        consider(name, res)
-        report(f"{name}: {candidates[name]}")
+        consider(label, res)
+        report(f"{label}: {candidates[label]}")
 
     def done() -> bool:
         return best is not None and best_cost <= lower * (1 + GAP_TOLERANCE)
 
-    for name in HEURISTICS:
+    for name, opts in HEURISTICS:
         # a heuristic that searches (peak-greedy on thousands of ops) leaves time for the rest
-        run(name, time_limit=min(left(), HEURISTIC_SHARE * limit))
+        run(
+            name,
+            time_limit=min(left(), HEURISTIC_SHARE * limit),
+            label=opts.get("label"),
+            **opts.get("options", {}),
+        )
         if done():
             break
+    milp = graph.n <= milp_max_nodes
     if not done() and left() > 0:
-        run("lp-rounding", time_limit=max(left() * 0.5, 1.0), progress=progress)
+        # half the time when the MILP follows, else all of it
+        run("lp-rounding", time_limit=left() * 0.5 if milp else left(), progress=progress)
     if proven_infeasible is not None and best is None:
         return _finish(proven_infeasible, candidates, lower, start, chosen=None)
-    if not done() and graph.n <= milp_max_nodes and left() > 1.0:
+    if not done() and milp and left() > 1.0:
         warm: Schedule | None = best.schedule if best is not None else None
         run("ilp", time_limit=left(), warm_start=warm, progress=progress)
         if proven_infeasible is not None and best is None:

@@ -99,12 +99,14 @@ class DTRSimulator:
         *,
         thrash_factor: float = DEFAULT_THRASH_FACTOR,
         time_limit: float | None = None,
+        banish: bool = True,
     ) -> None:
         if heuristic not in HEURISTICS:
             raise ValueError(f"heuristic={heuristic!r}: choose one of {', '.join(HEURISTICS)}")
         self.graph = graph
         self.budget = int(budget)
         self.heuristic = heuristic
+        self.banish = banish
         n = graph.n
         self.n = n
         self.preds = graph.preds
@@ -228,7 +230,7 @@ class DTRSimulator:
     def _free_dead(self, u: int) -> None:
         """Free a value the program will not read again (banishing)."""
         self._release(u)
-        if all(self.resident[c] or self.banished[c] for c in self.succs[u]):
+        if self.banish and all(self.resident[c] or self.banished[c] for c in self.succs[u]):
             # banished: as in DTR, a value whose parent is banished is no longer
             # evictable (it could not be rematerialized by the eager runtime)
             self.banished[u] = True
@@ -377,6 +379,7 @@ def dtr(
     time_limit: float | None = None,
     heuristic: str = DEFAULT_HEURISTIC,
     thrash_factor: float = DEFAULT_THRASH_FACTOR,
+    banish: bool = True,
     **options: Any,
 ) -> SolveResult:
     """The DTR strategy: FEASIBLE with the replay's schedule, or NO_SOLUTION with the
@@ -386,8 +389,12 @@ def dtr(
         heuristic: one of :data:`HEURISTICS` (default ``"eq"``).
         thrash_factor: stop when the computed cost passes this multiple of the
             no-recompute cost.
+        banish: as the paper's eager runtime, pin the children of a freed value none of
+            whose children is evicted (they could not be rematerialized). A static plan
+            can recompute the freed value too: ``banish=False`` never pins, so a
+            rematerialization may recompute ancestors the program already freed.
     """
-    return _solve("dtr", graph, budget, heuristic, thrash_factor, time_limit, DTRSimulator)
+    return _solve("dtr", graph, budget, heuristic, thrash_factor, time_limit, DTRSimulator, banish=banish)
 
 
 def dtr_full(graph: Graph, budget: int, *, time_limit: float | None = None, **options: Any) -> SolveResult:
@@ -431,11 +438,16 @@ def _solve(
     thrash_factor: float,
     time_limit: float | None,
     cls: type[DTRSimulator],
+    *,
+    banish: bool = True,
 ) -> SolveResult:
     t0 = time.perf_counter()
-    run = cls(graph, budget, heuristic, thrash_factor=thrash_factor, time_limit=time_limit).run()
+    run = cls(
+        graph, budget, heuristic, thrash_factor=thrash_factor, time_limit=time_limit, banish=banish
+    ).run()
     info: dict[str, Any] = {
         "heuristic": heuristic,
+        "banish": banish,
         "evictions": run.evictions,
         "recomputes": run.recomputes,
     }

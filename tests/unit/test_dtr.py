@@ -9,7 +9,7 @@ import pytest
 
 from solvers import Graph, Status, keep_all_peak, memory_lower_bound, solve, validate
 from solvers.strategies import get_strategy
-from solvers.strategies.dtr import HEURISTICS, run_dtr
+from solvers.strategies.dtr import HEURISTICS, DTRSimulator, run_dtr
 from tests.graphs import chain, public_graph
 
 VARIANTS = ("dtr", "dtr-full", "dtr-eq", "dtr-local", "dtr-lru", "dtr-size")
@@ -60,14 +60,15 @@ def random_training_graph(seed: int, n_fwd: int = 12) -> Graph:
     return training_graph(n_fwd, sorted(fwd_edges), costs, mems)
 
 
+@pytest.mark.parametrize("banish", [True, False])
 @pytest.mark.parametrize("seed", range(6))
-def test_every_heuristic_gives_a_valid_schedule_or_says_why(seed: int) -> None:
+def test_every_heuristic_gives_a_valid_schedule_or_says_why(seed: int, banish: bool) -> None:
     g = random_training_graph(seed)
     ref, low = keep_all_peak(g), memory_lower_bound(g)
     for frac in (1.0, 0.7, 0.4, 0.1):
         budget = int(low + frac * (ref - low))
         for h in HEURISTICS:
-            run = run_dtr(g, budget, h)
+            run = DTRSimulator(g, budget, h, banish=banish).run()
             if h == "eq" and frac >= 0.4:
                 assert run.ok, run.message  # these graphs leave h_eq room to work
             if not run.ok:
