@@ -43,7 +43,8 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -157,14 +158,21 @@ def measure(
     model, x, y = factory()
     model.train()
     row = Row(name, "ok", budget, time_limit)
+    spent: dict[str, float] = {}
     start = time.perf_counter()
     try:
-        opt = checkmate.optimize(
-            model, budget, (x, y), profile="cpu", time_limit=time_limit, strategy=strategy
-        )
+        with _timed_stages(spent):
+            opt = checkmate.optimize(
+                model, budget, (x, y), profile="cpu", time_limit=time_limit, strategy=strategy
+            )
     except Exception as exc:  # the failure is the figure: report it with the time spent
+        # no PlanRecord is made for a failed plan: the stages come from the timers
         row.total_s = time.perf_counter() - start
         row.status = f"error: {type(exc).__name__}: {exc}"[:400]
+        row.profile_s = spent.get("_costs", 0.0) + spent.get("_scratch_bytes", 0.0)
+        row.scratch_s = spent.get("_scratch_bytes", 0.0)
+        row.solve_s = spent.get("cached_solve", 0.0)
+        row.trace_s = row.total_s - row.profile_s - row.solve_s
         return row
     row.total_s = time.perf_counter() - start
     records = checkmate.plans_of(opt)
@@ -225,6 +233,35 @@ def measure(
         row.peak_over_budget = row.measured_peak / row.budget_bytes
         row.eager_over_budget = row.eager_peak / row.budget_bytes
     return row
+
+
+@contextmanager
+def _timed_stages(spent: dict[str, float]) -> Iterator[None]:
+    """Accumulate the seconds of the planner's profile and solve calls into ``spent`` (by
+    function name), for a plan that fails before its record is made; restore them after.
+    Only timers are added: behaviour is unchanged."""
+    import checkmate.runtime as rt
+
+    names = ("_costs", "_scratch_bytes", "cached_solve")
+    saved = {n: getattr(rt, n) for n in names}
+
+    def timer(n: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[n] = spent.get(n, 0.0) + time.perf_counter() - t0
+
+        return timed
+
+    for n, fn in saved.items():
+        setattr(rt, n, timer(n, fn))
+    try:
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(rt, n, fn)
 
 
 # ---------------------------------------------------------------- the parent

@@ -105,7 +105,11 @@ def e2e_line(r: Any) -> str:
     call's seconds per stage, met or missed, the measured peak over the budget."""
     budget = f"budget {r.budget_frac:g}, {r.time_limit:g} s per solve"
     if r.status != "ok":
-        spent = "" if r.total_s != r.total_s else f" after {r.total_s:.1f} s"  # NaN: no figure
+        spent = ""
+        if r.total_s == r.total_s:  # NaN: the call never ran
+            spent = f" after {r.total_s:.1f} s"
+            if r.solve_s == r.solve_s:
+                spent += f" (trace {r.trace_s:.1f}, profile {r.profile_s:.1f}, solve {r.solve_s:.1f})"
         return f"{r.model} ({budget}): **missed**, no plan{spent}: {r.status}"
     verdict = "met" if r.total_s <= E2E_SECONDS else "**missed**"
     return (
