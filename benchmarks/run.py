@@ -11,6 +11,11 @@ Columns: compute overhead = cost / no-recompute cost; cost / LB = cost / the bes
 bound any strategy proved at that instance (LP relaxation, MILP bound; the no-recompute
 cost at least); peak / budget; build and solve seconds as the strategy reports them.
 
+With the traced models (not ``--quick`` / ``--no-traced``), ``python -m benchmarks.e2e``
+also runs in a subprocess: ``checkmate.optimize`` end to end on each traced model (trace +
+profile + solve + codegen against issue 5's 120 s, one measured step); it writes
+``e2e.csv`` / ``e2e.md`` and its rows join the targets section.
+
 Outputs: ``benchmarks/results/<name>.csv`` and ``benchmarks/results/README_tables.md``
 (the tables the README pastes), plus a targets section (issue 5's targets, met or missed
 with the measured figure).
