@@ -345,6 +345,25 @@ def read_csv(path: Path) -> list[Row]:
     return out
 
 
+def relink_bounds(rows: list[Row]) -> list[Row]:
+    """Rows of several runs on the same instances: each instance's best lower bound (and so
+    cost / LB) taken over all of them, as if they had run together."""
+    best: dict[tuple[str, float], float] = {}
+    for r in rows:
+        key = (r.graph, r.budget_frac)
+        for lb in (r.best_lb, r.lower_bound if r.status != "error" else None):
+            if lb is not None:
+                best[key] = max(best.get(key, lb), lb)
+    for r in rows:
+        lb = best.get((r.graph, r.budget_frac))
+        if lb is None:
+            continue
+        r.best_lb = lb
+        if r.cost is not None and lb > 0 and r.status in ("optimal", "feasible"):
+            r.cost_over_lb = r.cost / lb
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m benchmarks.run``."""
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
@@ -363,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.tables_from:
-        loaded = [r for f in args.tables_from.split(",") if f for r in read_csv(Path(f))]
+        loaded = relink_bounds([r for f in args.tables_from.split(",") if f for r in read_csv(Path(f))])
         limit = args.time_limit if args.time_limit is not None else TIME_LIMIT
         notes = [f"tables from {', '.join(Path(f).name for f in args.tables_from.split(',') if f)}"]
         e2e_csv = RESULTS_DIR / "e2e.csv"
