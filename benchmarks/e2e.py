@@ -34,7 +34,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
 import importlib
 import json
@@ -45,10 +44,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.csvio import coerce, read_rows, write_rows
 from benchmarks.tables import E2E_SECONDS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -320,16 +320,7 @@ def row_from_json(text: str) -> Row:
 
 
 def _row(doc: dict[str, Any]) -> Row:
-    types = {f.name: str(f.type) for f in fields(Row)}
-    kw: dict[str, Any] = {}
-    for k, v in doc.items():
-        if k not in types:
-            continue
-        if v is None or v == "":
-            continue
-        t = types[k]
-        kw[k] = int(v) if t == "int" else float(v) if t == "float" else str(v)
-    return Row(**kw)
+    return coerce(doc, Row)
 
 
 def run(
@@ -377,18 +368,12 @@ def summary(row: Row) -> str:
 
 def write_csv(rows: Sequence[Row], path: Path) -> None:
     """The rows as CSV."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(Row)])
-        w.writeheader()
-        for r in rows:
-            w.writerow(asdict(r))
+    write_rows(rows, path, Row)
 
 
 def read_csv(path: Path) -> list[Row]:
     """Rows back from :func:`write_csv`'s file."""
-    with path.open() as f:
-        return [_row(rec) for rec in csv.DictReader(f)]
+    return read_rows(path, Row)
 
 
 def _mib(n: int) -> str:

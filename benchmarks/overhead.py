@@ -29,15 +29,16 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from benchmarks.csvio import write_rows
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TARGET = 1.05
@@ -222,11 +223,7 @@ def markdown(rows: Sequence[Row], *, machine: str, shape: str, command: str, wal
 
 def write_csv(rows: Sequence[Row], path: Path) -> None:
     """One line per row, every field."""
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=[f.name for f in fields(Row)])
-        w.writeheader()
-        for r in rows:
-            w.writerow(asdict(r))
+    write_rows(rows, path, Row)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,15 +8,16 @@ it is not ahead are listed like the others.
 
 from __future__ import annotations
 
-import csv
 import json
 import platform
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from benchmarks.csvio import read_rows, write_rows
 
 if TYPE_CHECKING:
     from benchmarks.peers import Config, Row
@@ -56,12 +57,7 @@ def write_csv(rows: list[Row], path: Path) -> None:
     """One line per row, every field."""
     from benchmarks.peers import Row
 
-    names = [f.name for f in fields(Row)]
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=names)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if v is None else v) for k, v in asdict(r).items()})
+    write_rows(rows, path, Row)
 
 
 def _fmt_err(x: float | None) -> str:
@@ -269,25 +265,7 @@ def read_csv(path: Path) -> list[Row]:
     """Rows back from :func:`write_csv` (types from the dataclass's annotations)."""
     from benchmarks.peers import Row
 
-    kinds = {f.name: str(f.type) for f in fields(Row)}
-    rows = []
-    with path.open() as f:
-        for rec in csv.DictReader(f):
-            vals: dict[str, object] = {}
-            for k, v in rec.items():
-                kind = kinds[k]
-                if v == "" and "None" in kind:
-                    vals[k] = None
-                elif kind.startswith("float"):
-                    vals[k] = float(v)
-                elif kind.startswith("int"):
-                    vals[k] = int(v)
-                elif kind.startswith("bool"):
-                    vals[k] = v == "True"
-                else:
-                    vals[k] = v
-            rows.append(Row(**vals))  # type: ignore[arg-type]
-    return rows
+    return read_rows(path, Row)
 
 
 def render(out: Path, prefix: str) -> list[Path]:

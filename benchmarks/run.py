@@ -30,7 +30,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib.util
 import json
 import multiprocessing as mp
@@ -39,11 +38,12 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from benchmarks import tables
+from benchmarks.csvio import read_rows, write_rows
 
 REPO = Path(__file__).resolve().parents[1]
 GRAPHS_DIR = REPO / ".." / "shared" / "benchmarks" / "graphs"
@@ -258,13 +258,7 @@ def bench_graph(
 
 def write_csv(rows: Sequence[Row], path: Path) -> None:
     """The rows as CSV (no schedules)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    cols = [k for k in asdict(rows[0]) if k != "steps"] if rows else []
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: v for k, v in asdict(r).items() if k != "steps"})
+    write_rows(rows, path, Row, exclude=("steps",))
 
 
 def trace_models(out_dir: Path) -> tuple[list[Path], list[str]]:
@@ -322,27 +316,7 @@ def run_e2e(out_dir: Path, time_limit: float) -> tuple[list[Any], list[str]]:
 
 def read_csv(path: Path) -> list[Row]:
     """Rows back from a CSV written by :func:`write_csv`."""
-    types = {f.name: f.type for f in fields(Row)}
-    out = []
-    with path.open() as f:
-        for rec in csv.DictReader(f):
-            kw: dict[str, Any] = {}
-            for k, v in rec.items():
-                t = str(types.get(k, "str"))
-                if k not in types:
-                    continue
-                if v == "" and "None" in t:
-                    kw[k] = None
-                elif t.startswith("int"):
-                    kw[k] = int(v)
-                elif t.startswith("float"):
-                    kw[k] = float(v)
-                elif t.startswith("int |"):
-                    kw[k] = int(v)
-                else:
-                    kw[k] = v
-            out.append(Row(**kw))
-    return out
+    return read_rows(path, Row)
 
 
 def relink_bounds(rows: list[Row]) -> list[Row]:

@@ -37,7 +37,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import platform
@@ -47,9 +46,11 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from benchmarks.csvio import write_rows
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 MARKER = "SECOND_RUN_JSON "
@@ -449,13 +450,7 @@ def _yes(flag: bool) -> str:
 
 def write_csv(rows: Sequence[Row], path: Path) -> Path:
     """One CSV line per row, the :class:`Row` fields as columns."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[fl.name for fl in fields(Row)])
-        writer.writeheader()
-        for r in rows:
-            writer.writerow(asdict(r))
-    return path
+    return write_rows(rows, path, Row)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
