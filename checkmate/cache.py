@@ -4,9 +4,9 @@ A plan is stored as ``<key>.json`` (the versioned JSON of :mod:`solvers.plan`, n
 pickle) where ``key`` is the sha256 of everything a plan's validity or optimality depends
 on: the graph (ids, edges, sizes, flags, node names and ops), its costs, the device
 profile id, the budget in bytes, the strategy and its options, the plan-format version
-and the library version (a newer planner plans again). Location: ``$CHECKMATE_CACHE_DIR``, else ``$XDG_CACHE_HOME/checkmate``, else
-``~/.cache/checkmate``; ``CHECKMATE_CACHE=0`` turns the cache off; ``plan_path=`` pins one
-file instead.
+and the library version (a newer planner plans again). Location:
+``$CHECKMATE_CACHE_DIR``, else ``$XDG_CACHE_HOME/checkmate``, else ``~/.cache/checkmate``;
+``CHECKMATE_CACHE=0`` turns the cache off; ``plan_path=`` pins one file instead.
 
 A plan found on disk is trusted only after the simulator replays it against the graph at
 hand within the budget (:func:`solvers.schedule.validate`). A plan made for another graph,

@@ -87,30 +87,13 @@ def checkpoint_sequence(graph: Graph, kept: Iterable[int]) -> list[int]:
     Returns:
         Node ids in execution order, each node at least once, non-recomputable ones once.
     """
-    n = graph.n
     keep = forced_keep(graph)
-    for k in kept:
-        keep[int(k)] = True
+    keep[[int(k) for k in kept]] = True
     lf = last_forward_reader(graph)
-    drop_after: list[list[int]] = [[] for _ in range(n)]
-    for u in np.flatnonzero(~keep & (lf >= 0) & ~graph.backward_mask).tolist():
-        drop_after[int(lf[u])].append(u)
-    preds = graph.preds
-    avail = np.zeros(n, dtype=bool)
-    seq: list[int] = []
-    for v in range(n):
-        missing = [p for p in preds[v] if not avail[p]]
-        for p in missing:
-            if avail[p]:  # made available by an earlier closure in this loop
-                continue
-            for w in recompute_closure(graph, p, avail):
-                seq.append(w)
-                avail[w] = True
-        seq.append(v)
-        avail[v] = True
-        for u in drop_after[v]:
-            avail[u] = False
-    return seq
+    e = graph.edge_array.reshape(-1, 2)
+    # each forward value not kept goes at its last forward read
+    drop = ~keep[e[:, 0]] & ~graph.backward_mask[e[:, 0]] & (e[:, 1] == lf[e[:, 0]])
+    return drop_sequence(graph, drop)[0]
 
 
 def drop_sequence(

@@ -2,7 +2,8 @@
 
 1. Cheap heuristics (checkpoint-all, peak-greedy, Chen's greedy and sqrt(n) segmentations,
    DTR with and without banishing): each gives a valid schedule in milliseconds to seconds
-   or fails; the cheapest one that fits is the incumbent. Checkpoint-all fitting the budget is optimal outright (every node runs once).
+   or fails; the cheapest one that fits is the incumbent. Checkpoint-all fitting the budget
+   is optimal outright (every node runs once).
 2. LP relaxation + two-phase rounding (Jain et al., MLSys 2020): a lower bound on every
    schedule's cost and usually a near-optimal schedule.
 3. The Checkmate MILP, warm-started from the incumbent (so it always has one), for the
@@ -26,16 +27,16 @@ from solvers.schedule import Schedule, validate
 
 __all__ = ["solve_auto"]
 
-#: heuristics tried first, in order
-HEURISTICS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("checkpoint-all", {}),
-    ("peak-greedy", {}),
-    ("chen-greedy", {}),
-    ("chen-sqrtn", {}),
-    ("dtr", {}),
+#: heuristics tried first, in order: (label in ``info["candidates"]``, strategy, options)
+HEURISTICS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("checkpoint-all", "checkpoint-all", {}),
+    ("peak-greedy", "peak-greedy", {}),
+    ("chen-greedy", "chen-greedy", {}),
+    ("chen-sqrtn", "chen-sqrtn", {}),
+    ("dtr", "dtr", {}),
     # a static plan may recompute what the program freed (no banishing): fits where DTR's
-    # eager-runtime rule pins too much (traced transformers, U-Net at 0.5)
-    ("dtr", {"label": "dtr (no banishing)", "options": {"banish": False}}),
+    # eager-runtime rule pins too much (traced transformers)
+    ("dtr (no banishing)", "dtr", {"banish": False}),
 )
 #: MILP skipped above this many nodes (its O(n^2) model would not finish usefully)
 MILP_MAX_NODES = 400
@@ -132,14 +133,9 @@ def solve_auto(
     def done() -> bool:
         return best is not None and best_cost <= lower * (1 + GAP_TOLERANCE)
 
-    for name, opts in HEURISTICS:
+    for label, name, opts in HEURISTICS:
         # a heuristic that searches (peak-greedy on thousands of ops) leaves time for the rest
-        run(
-            name,
-            time_limit=min(left(), HEURISTIC_SHARE * limit),
-            label=opts.get("label"),
-            **opts.get("options", {}),
-        )
+        run(name, label=label, time_limit=min(left(), HEURISTIC_SHARE * limit), **opts)
         if done():
             break
     milp = graph.n <= milp_max_nodes

@@ -133,16 +133,15 @@ def chen_greedy_sets(
     memory thresholds (geometric, from the smallest candidate segment to the total forward
     memory; threshold 0 keeps every candidate), as ``(mode, threshold, kept)``; ``kept``
     includes the values the mode keeps besides its candidates."""
-    mem = graph.mem
+    fwd = forward_ids(graph)
+    cum = np.concatenate([[0], np.cumsum(graph.mem[fwd])])
     out: list[tuple[str, float, tuple[int, ...]]] = []
     seen: set[tuple[int, ...]] = set()
     for md in _modes(mode):
         c, extra = _candidates(graph, md)
         if c.size == 0:
             continue
-        fwd = forward_ids(graph)
         # segment size of a candidate: the forward memory since the previous candidate
-        cum = np.concatenate([[0], np.cumsum(mem[fwd])])
         pos = np.searchsorted(fwd, c)
         sizes = cum[pos + 1] - cum[np.concatenate([[0], pos[:-1] + 1])]
         lo, hi = max(1.0, float(sizes.min())), max(2.0, float(sizes.sum()))
@@ -334,7 +333,8 @@ def _candidates(graph: Graph, mode: str) -> tuple[npt.NDArray[np.int64], list[in
         c, extra = forward_ids(graph), []
     else:
         sticky = sticky_values(graph)
-        c, extra = articulation_points(graph, sticky), np.flatnonzero(sticky).tolist()
+        # forced values are kept by every policy anyway: only the rest is listed
+        c, extra = articulation_points(graph, sticky), np.flatnonzero(sticky & ~forced_keep(graph)).tolist()
     return (c[graph.recomputable_mask[c]] if c.size else c), extra
 
 

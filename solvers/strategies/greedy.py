@@ -1,28 +1,30 @@
-"""peak-greedy: drop checkpoints where the simulated peak is, cheapest recompute per byte first.
+"""peak-greedy: drop values where the simulated peak is, cheapest recompute per byte first.
 
-A checkpointing policy here is the set of forward values kept for the backward pass
-(:func:`~solvers.strategies._segments.checkpoint_sequence` turns it into a schedule: a value
-not kept is dropped after its last forward reader and recomputed, with its dropped
-ancestors, right before a backward node reads it). Chen et al.'s segmentations (2016) choose
-that set by position alone; on a traced joint graph the values differ by orders of
-magnitude in recompute cost per byte (a GELU's pointwise terms against a matmul), which is
-what PyTorch's min-cut partitioner and Rockmate exploit. This strategy searches the set with
-the simulator in the loop:
+A policy here is a set of drop points: edge ``(u, r)`` chosen means value u is dropped
+right after node r first runs and recomputed (with its dropped ancestors) when a later node
+reads it (:func:`~solvers.strategies._segments.drop_sequence`). Chen et al.'s segmentations
+(2016) choose what to drop by position alone; on a traced joint graph the values differ by
+orders of magnitude in recompute cost per byte (a GELU's pointwise terms against a matmul),
+which is what PyTorch's min-cut partitioner and Rockmate exploit. This strategy searches
+the policy with the simulator in the loop:
 
-1. Start from keeping every forward value (the checkpoint-all schedule).
-2. While the simulated peak exceeds the budget: among the kept values resident at the peak
-   step (other than the inputs and output of the op running there, which would be
-   recomputed on the spot), drop those with the least ``cost / bytes`` until the dropped
-   bytes cover the excess; simulate again.
-3. Repeat from the same start with the kept sets of a few of Chen's greedy segmentations
+1. Start from dropping nothing (the checkpoint-all schedule).
+2. While the simulated peak exceeds the budget: among the values resident at the peak step
+   (other than the inputs and output of the ops running there, which would be recomputed
+   on the spot), drop those with the least ``cost / bytes`` until the dropped bytes cover
+   the excess; simulate again. Where a value is dropped is the mode: at its last forward
+   read (``checkpoint``: the backward recomputes it, as in Chen's policies) or at its last
+   read before the peak (``gap``, and ``gap-transient`` whose recomputes do not hold what
+   they read).
+3. Repeat the checkpoint descent with the kept sets of a few of Chen's greedy segmentations
    that fit the budget protected from dropping: they bound how much a recompute closure
    holds at once, which the unprotected descent cannot (it would end at keeping nothing).
-4. Repair: walk the dropped values from the most to the least costly per byte and keep each
-   again if the schedule still fits and costs less.
+4. Repair the cheapest few ends: undo drops, the most costly per byte first, wherever the
+   schedule still fits and costs less.
 
 Every step is one replay of a schedule (milliseconds on graphs of hundreds of ops), so the
-search is fast and anytime: ``time_limit`` cuts the repair pass short. The result is a good
-incumbent for the MILP's warm start, not a bound.
+search is fast and anytime: ``time_limit`` stops it with the best policy found. The result
+is a good incumbent for the MILP's warm start, not a bound.
 """
 
 from __future__ import annotations
@@ -47,13 +49,23 @@ LARGE = 1000
 
 def resident_at(graph: Graph, schedule: Schedule, step: int) -> npt.NDArray[np.bool_]:
     """Which values are resident right after ``schedule.steps[step]``."""
+    return _state_at(graph, schedule, step)[0]
+
+
+def _state_at(graph: Graph, schedule: Schedule, step: int) -> tuple[npt.NDArray[np.bool_], int]:
+    """The resident values right after ``schedule.steps[step]``, and how many compute
+    steps ran up to it (one pass over the steps)."""
     resident = np.zeros(graph.n, dtype=bool)
+    computes = 0
     for op, i in schedule.steps[: step + 1]:
-        if op in (COMPUTE, PAGEIN):
+        if op == COMPUTE:
+            resident[i] = True
+            computes += 1
+        elif op == PAGEIN:
             resident[i] = True
         elif op == FREE:
             resident[i] = False
-    return resident
+    return resident, computes
 
 
 def peak_greedy(
@@ -109,8 +121,8 @@ def peak_greedy(
     for cost, drop, transient in sorted(search.fits, key=lambda f: f[0]):
         if all((drop != other).any() or transient != t for _, other, t in ends):
             ends.append((cost, drop, transient))
-    for _, drop, transient in ends[:repairs]:
-        search.repair(drop, transient)
+    for cost, drop, transient in ends[:repairs]:
+        search.repair(cost, drop, transient)
     info: dict[str, Any] = {"evaluations": search.evaluations, "starts": len(protects)}
     elapsed = time.perf_counter() - t0
     if search.best is None:
@@ -162,7 +174,8 @@ class _Search:
         self.low: tuple[Schedule, SimResult] | None = None
         #: (cost, drops, transient) of each policy a descent met that fits
         self.fits: list[tuple[float, npt.NDArray[np.bool_], bool]] = []
-        self.run(np.zeros(len(self.src), dtype=bool))
+        # every descent starts from dropping nothing (transient or not: nothing recomputes)
+        self.start = self.run(np.zeros(len(self.src), dtype=bool))
 
     def expired(self) -> bool:
         return self.deadline is not None and time.perf_counter() > self.deadline
@@ -191,14 +204,14 @@ class _Search:
         graph = self.graph
         drop = np.zeros(len(self.src), dtype=bool)
         transient = mode == "gap-transient"
-        sched, sim, owner = self.run(drop, transient)
+        sched, sim, owner = self.start
         if sim.peak <= self.budget:
             self.fits.append((sim.cost, drop.copy(), transient))
         while sim.peak > self.budget and not self.expired():
-            computes = sum(1 for op, _ in sched.steps[: sim.peak_step + 1] if op == COMPUTE)
+            resident, computes = _state_at(graph, sched, sim.peak_step)
             prog = owner[computes - 1]  # the program node being run at the peak
             node = sched.steps[sim.peak_step][1]
-            live = resident_at(graph, sched, sim.peak_step) & ~protect
+            live = resident & ~protect
             live[[node, prog, *graph.preds[node], *graph.preds[prog]]] = False
             options: list[tuple[float, int]] = []
             for u in np.flatnonzero(live).tolist():
@@ -222,11 +235,10 @@ class _Search:
             if sim.peak <= self.budget:
                 self.fits.append((sim.cost, drop.copy(), transient))
 
-    def repair(self, drop: npt.NDArray[np.bool_], transient: bool) -> None:
-        """Undo drops of the policy ``drop`` while it still fits and gets cheaper, the
-        costliest recomputations first."""
+    def repair(self, cost: float, drop: npt.NDArray[np.bool_], transient: bool) -> None:
+        """Undo drops of the policy ``drop`` (which costs ``cost`` and fits) while it still
+        fits and gets cheaper, the costliest recomputations first."""
         drop = drop.copy()
-        cost = self.run(drop, transient)[1].cost
         dropped = np.flatnonzero(drop)
         for k in dropped[np.argsort(-self.ratio[self.src[dropped]], kind="stable")].tolist():
             if self.expired():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from solvers import Graph, Status, keep_all_peak, validate
+from solvers import Graph, Status, keep_all_peak, schedule_from_order, validate
 from solvers.strategies import get_strategy
 from solvers.strategies._segments import articulation_points, forced_keep, sticky_values
 from tests.graphs import public_graph
@@ -73,16 +73,18 @@ def test_reports_its_least_peak_when_nothing_fits() -> None:
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_dropping_at_the_last_forward_read_is_the_kept_set_policy(seed: int) -> None:
+def test_a_kept_set_policy_recomputes_exactly_the_dropped_values_the_backward_reads(seed: int) -> None:
     from solvers.strategies._segments import checkpoint_sequence, drop_sequence, last_forward_reader
     from tests.unit.test_dtr import random_training_graph
 
     g = random_training_graph(seed)
+    assert drop_sequence(g, np.zeros(len(g.edges), dtype=bool))[0] == list(range(g.n))  # keep-all
     rng = np.random.default_rng(seed)
     kept = [int(v) for v in np.flatnonzero(~g.backward_mask) if rng.random() < 0.4]
-    e = g.edge_array
-    lf = last_forward_reader(g)
-    dropped = ~forced_keep(g) & ~g.backward_mask
+    sim = validate(g, schedule_from_order(g, checkpoint_sequence(g, kept)))
+    dropped = ~forced_keep(g) & ~g.backward_mask & (last_forward_reader(g) >= 0)
     dropped[kept] = False
-    drop = dropped[e[:, 0]] & (e[:, 1] == lf[e[:, 0]])
-    assert drop_sequence(g, drop)[0] == checkpoint_sequence(g, kept)
+    dropped &= np.array([any(g.nodes[s].backward for s in g.succs[v]) for v in range(g.n)])
+    assert dropped.any()
+    assert (sim.compute_counts[~dropped] == 1).all()  # kept values and the backward run once
+    assert (sim.compute_counts[dropped] >= 2).all()  # recomputed for the backward
