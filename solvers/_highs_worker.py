@@ -5,10 +5,11 @@ analytic-centre IPM, its setup after presolve), so the only way to keep a user's
 limit is to run the solve where it can be killed. The parent starts
 ``python -c "...; main()"`` (not multiprocessing: spawning would re-run the caller's
 ``__main__``, and forking a process whose HiGHS thread pool already runs would deadlock),
-sends the problem on stdin and reads messages from stdout: progress, each improving
-incumbent with its column vector, and the final :class:`~solvers.highs.HighsResult`. When
-``time_limit + kill_grace(time_limit)`` has passed without a result, the worker is killed
-and the best incumbent so far is the answer.
+sends the problem on stdin and reads messages from stdout: progress, each improving MIP
+incumbent with its column vector, and the final :class:`~solvers.highs.HighsResult` (for
+an LP with its row duals). When ``time_limit + kill_grace(time_limit)`` has passed without
+a result, the worker is killed and the best incumbent so far is the answer (for an LP,
+which has none, NO_SOLUTION).
 
 Messages are pickled: both ends are this module of the same installation, and nothing is
 stored (plans are JSON; this is a pipe between two copies of one program).
@@ -65,7 +66,8 @@ def solve_isolated(
 
     Returns:
         The worker's result, or, if it was killed, one built from the best incumbent (or
-        the start vector) and the last dual bound it reported.
+        the start vector) and the last dual bound it reported: for an LP, or a MIP
+        without an incumbent, status NO_SOLUTION with model status ``kTimeLimit``.
 
     Raises:
         SolverError: HiGHS failed in the worker, or the worker died without an answer.

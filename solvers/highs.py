@@ -8,10 +8,12 @@ Time limits: HiGHS checks its ``time_limit`` only at some points. Measured with 
 1.15 on the public graphs, the MIP overruns it by tens of seconds: the analytic-centre
 IPM that its root node runs (a separate solver object without a time limit, 200
 iterations) and its setup after presolve take 20-50 s on MobileNet and ResNet50, with
-no callback in between. So a MIP with a time limit and at least :data:`ISOLATE_MIN_NNZ`
-nonzeros runs in a worker process (:mod:`solvers._highs_worker`) that streams its
-incumbents back and is killed when the limit (plus :func:`kill_grace`) has passed; the
-best incumbent and the last reported bound are then the result.
+no callback in between. So a MIP or LP with a time limit and at least
+:data:`ISOLATE_MIN_NNZ` nonzeros runs in a worker process (:mod:`solvers._highs_worker`)
+that streams MIP incumbents back and is killed when the limit (plus :func:`kill_grace`)
+has passed; the best incumbent and the last reported bound are then the result. An LP
+returns its column values, row duals, objective and status from the worker; one killed
+at the limit returns status NO_SOLUTION (model status ``kTimeLimit``) and no solution.
 
 HiGHS: Huangfu & Hall, "Parallelizing the dual revised simplex method", Math. Prog.
 Comp. 2018; the MIP solver is branch-and-cut with primal heuristics.
@@ -50,9 +52,9 @@ ProgressHook = Callable[[float, float | None, float | None, str], None]
 #: (column vector, objective, dual bound or None) -> None, on each improving MIP solution
 IncumbentHook = Callable[[FloatArray, float, float | None], None]
 
-#: MIPs with a time limit and at least this many nonzeros run in a worker process (the
-#: smallest model that overran its limit here had 340k; below this, a solve is too short
-#: for the 0.4 s start of a worker to pay off)
+#: MIPs and LPs with a time limit and at least this many nonzeros run in a worker process
+#: (the smallest model that overran its limit here had 340k; below this, a solve is too
+#: short for the 0.5-1 s start of a worker, mostly importing scipy and highspy, to pay off)
 ISOLATE_MIN_NNZ = 20_000
 
 
@@ -189,14 +191,15 @@ def solve(
         options: further HiGHS options by name.
         log: print HiGHS's log to the console (stderr when isolated).
         isolate: run HiGHS in a worker process that is stopped by force at the time limit
-            (see the module doc). None: for MIPs with a time limit and at least
+            (see the module doc). None: for MIPs and LPs with a time limit and at least
             :data:`ISOLATE_MIN_NNZ` nonzeros. Without a time limit there is nothing to
             enforce and the solve runs here.
 
     Returns:
         A :class:`HighsResult`. An isolated solve stopped by force has model status
-        ``kTimeLimit``, the best incumbent HiGHS reported (or ``start``) and the last dual
-        bound it reported, and ``info["killed"] = True``.
+        ``kTimeLimit`` and ``info["killed"] = True``; a MIP keeps the best incumbent HiGHS
+        reported (or ``start``) and the last dual bound it reported, an LP has no
+        solution (status NO_SOLUTION, ``x`` and ``row_dual`` None).
 
     Raises:
         SolverError: HiGHS rejected the model or an option, or failed while solving.
@@ -221,7 +224,7 @@ def solve(
         log=bool(log),
     )
     if isolate is None:
-        isolate = is_mip and sp.csc_matrix(problem.A).nnz >= ISOLATE_MIN_NNZ
+        isolate = sp.csc_matrix(problem.A).nnz >= ISOLATE_MIN_NNZ
     # an embedded interpreter (empty sys.executable) cannot start a worker: solve here
     if isolate and settings.time_limit is not None and sys.executable:
         from solvers._highs_worker import solve_isolated
