@@ -227,9 +227,9 @@ def solve_lp_rounding(
         )
         return res
 
-    for k, factor in enumerate(budget_factors):
-        if k > 0 and deadline is not None and time.perf_counter() >= deadline:
-            break
+    for factor in budget_factors:
+        if deadline is not None and time.perf_counter() >= deadline:
+            break  # (before the first LP too: building the model took the whole limit)
         res = lp(model, factor, "full" if model is full else "restricted")
         if res.status == Status.INFEASIBLE and model is not full and factor >= 1.0:
             # the restricted support cannot fit the budget: the full model may
@@ -291,6 +291,10 @@ def solve_lp_rounding(
             break  # meets the bound: optimal
     solve_s = time.perf_counter() - t0 - build
     if best is None:
+        if lower is None and deadline is not None and time.perf_counter() >= deadline:
+            reason = "time limit reached before the LP relaxation was solved"
+        else:
+            reason = "no rounding of the LP solutions fits the budget"
         return SolveResult(
             "lp-rounding",
             Status.NO_SOLUTION,
@@ -298,7 +302,7 @@ def solve_lp_rounding(
             lower_bound=lower,
             build_seconds=build,
             solve_seconds=solve_s,
-            info=info,
+            info={**info, "reason": reason},
         )
     R, S, _, theta = best
     schedule = schedule_from_rs(graph, R, S)
