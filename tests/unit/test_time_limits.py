@@ -15,10 +15,12 @@ import time
 import numpy as np
 import pytest
 
-from solvers import SolverError, Status, highs, keep_all_peak, solve, validate
+from solvers import SolverError, Status, highs, keep_all_peak, memory_lower_bound, solve, validate
+from solvers import _highs_worker as worker
+from solvers.api import resolve_budget
 from solvers.schedule import schedule_from_order
-from solvers.strategies.ilp import formulate, problem_of, warm_start_vector
-from tests.graphs import public_graph
+from solvers.strategies.ilp import formulate, lagrangian_bound, problem_of, warm_start_vector
+from tests.graphs import chain, public_graph
 
 N250 = "random_layered_n250.json"
 
@@ -65,3 +67,49 @@ def test_isolated_solve_reports_highs_errors() -> None:
     model = formulate(public_graph(N250), 10**12)
     with pytest.raises(SolverError, match="option"):
         highs.solve(problem_of(model), time_limit=5.0, options={"no_such_option": 1}, isolate=True)
+
+
+def test_isolated_lp_returns_the_in_process_duals(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = chain(8, training=True)
+    budget = (memory_lower_bound(g) + keep_all_peak(g)) // 2  # memory rows bind
+    model = formulate(g, budget)
+    problem = problem_of(model)
+    here = highs.solve(problem, relax=True, time_limit=30.0, lp_solver="simplex", isolate=False)
+    # every LP with a time limit goes through the worker (counted, HiGHS itself untouched)
+    calls: list[int] = []
+    real = worker.solve_isolated
+
+    def counted(*args: object, **kwargs: object) -> highs.HighsResult:
+        calls.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(highs, "ISOLATE_MIN_NNZ", 0)
+    monkeypatch.setattr(worker, "solve_isolated", counted)
+    there = highs.solve(problem, relax=True, time_limit=30.0, lp_solver="simplex")
+    assert calls == [1]
+    assert here.status == there.status == Status.OPTIMAL
+    assert here.model_status == there.model_status == "kOptimal"
+    assert here.objective is not None and there.objective == pytest.approx(here.objective, abs=1e-9)
+    assert here.x is not None and there.x is not None
+    np.testing.assert_allclose(there.x, here.x, atol=1e-9)
+    assert here.row_dual is not None and there.row_dual is not None
+    assert np.abs(here.row_dual).max() > 0  # the duals say something
+    np.testing.assert_allclose(there.row_dual, here.row_dual, atol=1e-9)
+    assert lagrangian_bound(model, model.row_key, there.row_dual) == pytest.approx(
+        lagrangian_bound(model, model.row_key, here.row_dual), abs=1e-9
+    )
+
+
+def test_isolated_lp_keeps_a_tiny_time_limit() -> None:
+    # measured in-process: 2.8 s for a 0.5 s limit (HiGHS's setup of the 1.3M-nonzero LP)
+    g = public_graph("ResNet50_b256_224x224.json")
+    problem = problem_of(formulate(g, resolve_budget(g, 0.6)[0]))
+    assert problem.A.nnz >= highs.ISOLATE_MIN_NNZ  # isolated by default
+    limit = 0.5
+    t0 = time.perf_counter()
+    res = highs.solve(problem, relax=True, time_limit=limit)
+    wall = time.perf_counter() - t0
+    assert wall <= limit + highs.kill_grace(limit) + 0.5, f"{wall:.1f} s for a {limit} s limit"
+    # no LP solution in that time: a clear status, not an exception
+    assert res.status == Status.NO_SOLUTION and res.model_status == "kTimeLimit"
+    assert res.x is None and res.row_dual is None and res.bound is None
