@@ -56,6 +56,7 @@ STRATEGIES = (
     "chen-sqrtn",
     "chen-greedy",
     "peak-greedy",
+    "gap-cover",
     "dtr",
     "coop",
     "lp-rounding",

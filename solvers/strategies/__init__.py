@@ -47,6 +47,10 @@ STRATEGIES: dict[str, tuple[str, str]] = {
         "solvers.strategies.greedy:peak_greedy",
         "drop the checkpoints live at the simulated peak, least recompute cost per byte first; then repair",
     ),
+    "gap-cover": (
+        "solvers.strategies.gapcover:gap_cover",
+        "covering MIP over read-to-read gaps: drop a value between two reads, recompute it from resident inputs",
+    ),
     "griewank": (
         "solvers.strategies.baselines:griewank",
         "Griewank & Walther 2000: binomial checkpointing (revolve) for chains",

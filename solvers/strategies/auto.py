@@ -31,6 +31,8 @@ __all__ = ["solve_auto"]
 HEURISTICS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("checkpoint-all", "checkpoint-all", {}),
     ("peak-greedy", "peak-greedy", {}),
+    # exact within one-op recomputes; the one heuristic that plans graphs without a backward
+    ("gap-cover", "gap-cover", {}),
     ("chen-greedy", "chen-greedy", {}),
     ("chen-sqrtn", "chen-sqrtn", {}),
     ("dtr", "dtr", {}),

@@ -20,6 +20,7 @@ HEURISTICS = (
     "chen-sqrtn",
     "chen-greedy",
     "peak-greedy",
+    "gap-cover",
     "griewank",
     "dtr",
     "dtr-full",
