@@ -38,6 +38,7 @@ import numpy.typing as npt
 import scipy.sparse as sp
 
 from solvers import highs
+from solvers.errors import SolverError
 from solvers.graph import Graph
 from solvers.result import SolveResult, Status
 from solvers.schedule import COMPUTE, Schedule, schedule_from_order, simulate
@@ -50,6 +51,9 @@ FloatArray = npt.NDArray[np.float64]
 
 #: simulate-and-tighten rounds before giving up on a plan that does not fit
 ROUNDS = 8
+#: the covering rows' nonzeros above which the MIP is not built (memory, build time);
+#: a value read at both ends of a 5,000-op graph alone spans 5,000 rows
+MAX_NONZEROS = 8_000_000
 
 
 def keep_all_memory(graph: Graph) -> IntArray:
@@ -88,9 +92,12 @@ class Gaps:
         cover: (n, columns) bytes freed after each node runs (holding terms negative).
         links: (k, columns) rows ``<= 0`` (gap needs its hold; holds nest) and ``<= 1``
             (conflicts), with their upper bounds in ``link_upper``.
+
+    Raises:
+        SolverError: the gaps would span more than ``max_nonzeros`` covering entries.
     """
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, max_nonzeros: int = MAX_NONZEROS) -> None:
         e = graph.edge_array.reshape(-1, 2)
         src, dst = e[:, 0], e[:, 1]
         n = graph.n
@@ -103,6 +110,12 @@ class Gaps:
         self.value: IntArray = u.astype(np.int64)
         m = len(gap_edge)
         g = np.arange(m, dtype=np.int64)
+        self.size = int(np.maximum(s - r - 1, 0).sum())
+        if self.size > max_nonzeros:
+            raise SolverError(
+                f"gap-cover: the covering model would have {self.size:,} nonzeros (limit "
+                f"{max_nonzeros:,}); use peak-greedy or lp-rounding on this graph"
+            )
         rows, cols = _intervals(r + 1, s, g)
         data = graph.mem[u][cols].astype(np.float64)
         # the inputs of each gap's recompute: edges (p, u_g)
@@ -201,7 +214,13 @@ def gap_cover(
         sim = simulate(graph, sched)
         return SolveResult("gap-cover", Status.FEASIBLE, budget, schedule=sched, cost=sim.cost, peak=sim.peak,
                            build_seconds=time.perf_counter() - t0, info={"gaps": 0})  # fmt: skip
-    gaps = Gaps(graph)
+    try:
+        gaps = Gaps(graph, MAX_NONZEROS)
+    except SolverError as exc:
+        info["message"] = str(exc)
+        return SolveResult(
+            "gap-cover", Status.NO_SOLUTION, budget, build_seconds=time.perf_counter() - t0, info=info
+        )
     info.update(gaps=len(gaps), holds=gaps.holds, conflicts=len(gaps.conflicts))
     m = len(gaps)
     cols = m + gaps.holds

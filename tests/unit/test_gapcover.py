@@ -58,6 +58,15 @@ def test_a_gap_recomputes_its_value_and_holds_a_freed_input() -> None:
     assert get_strategy("gap-cover")(g, 41).status == Status.NO_SOLUTION
 
 
+def test_a_model_over_the_size_limit_is_refused_with_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    from solvers.strategies import gapcover
+
+    g = public_graph("random_layered_n100.json")
+    monkeypatch.setattr(gapcover, "MAX_NONZEROS", 100)
+    res = get_strategy("gap-cover")(g, int(0.9 * keep_all_peak(g)))
+    assert res.status == Status.NO_SOLUTION and "nonzeros" in res.info["message"]
+
+
 def test_no_gap_no_plan_with_a_reason() -> None:
     g = _dag(3, [(0, 1), (1, 2)], [1.0, 1.0, 1.0], [5, 5, 5])  # a chain: no value read twice
     res = get_strategy("gap-cover")(g, keep_all_peak(g) - 1)
