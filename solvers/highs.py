@@ -40,6 +40,7 @@ __all__ = [
     "HighsResult",
     "STATUS_TABLE",
     "ISOLATE_MIN_NNZ",
+    "ISOLATE_MIN_NNZ_LP",
     "solve",
     "kill_grace",
     "ProgressHook",
@@ -52,10 +53,13 @@ ProgressHook = Callable[[float, float | None, float | None, str], None]
 #: (column vector, objective, dual bound or None) -> None, on each improving MIP solution
 IncumbentHook = Callable[[FloatArray, float, float | None], None]
 
-#: MIPs and LPs with a time limit and at least this many nonzeros run in a worker process
-#: (the smallest model that overran its limit here had 340k; below this, a solve is too
-#: short for the 0.5-1 s start of a worker, mostly importing scipy and highspy, to pay off)
+#: MIPs with a time limit and at least this many nonzeros run in a worker process (the
+#: smallest model that overran its limit here had 340k; below this, a solve is too short
+#: for the 0.5-1 s start of a worker, mostly importing scipy and highspy, to pay off)
 ISOLATE_MIN_NNZ = 20_000
+#: the same for LPs: those that overran here had 1.3M+ nonzeros, while LPs of 0.1-0.5M
+#: kept their limits in-process and would pay the worker's start on each of lp-rounding's LPs
+ISOLATE_MIN_NNZ_LP = 500_000
 
 
 def kill_grace(time_limit: float) -> float:
@@ -191,8 +195,8 @@ def solve(
         options: further HiGHS options by name.
         log: print HiGHS's log to the console (stderr when isolated).
         isolate: run HiGHS in a worker process that is stopped by force at the time limit
-            (see the module doc). None: for MIPs and LPs with a time limit and at least
-            :data:`ISOLATE_MIN_NNZ` nonzeros. Without a time limit there is nothing to
+            (see the module doc). None: for MIPs with a time limit and at least
+            :data:`ISOLATE_MIN_NNZ` nonzeros, LPs with :data:`ISOLATE_MIN_NNZ_LP`. Without a time limit there is nothing to
             enforce and the solve runs here.
 
     Returns:
@@ -224,7 +228,7 @@ def solve(
         log=bool(log),
     )
     if isolate is None:
-        isolate = sp.csc_matrix(problem.A).nnz >= ISOLATE_MIN_NNZ
+        isolate = sp.csc_matrix(problem.A).nnz >= (ISOLATE_MIN_NNZ if is_mip else ISOLATE_MIN_NNZ_LP)
     # an embedded interpreter (empty sys.executable) cannot start a worker: solve here
     if isolate and settings.time_limit is not None and sys.executable:
         from solvers._highs_worker import solve_isolated

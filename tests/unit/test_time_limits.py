@@ -83,7 +83,7 @@ def test_isolated_lp_returns_the_in_process_duals(monkeypatch: pytest.MonkeyPatc
         calls.append(1)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(highs, "ISOLATE_MIN_NNZ", 0)
+    monkeypatch.setattr(highs, "ISOLATE_MIN_NNZ_LP", 0)
     monkeypatch.setattr(worker, "solve_isolated", counted)
     there = highs.solve(problem, relax=True, time_limit=30.0, lp_solver="simplex")
     assert calls == [1]
@@ -104,7 +104,7 @@ def test_isolated_lp_keeps_a_tiny_time_limit() -> None:
     # measured in-process: 2.8 s for a 0.5 s limit (HiGHS's setup of the 1.3M-nonzero LP)
     g = public_graph("ResNet50_b256_224x224.json")
     problem = problem_of(formulate(g, resolve_budget(g, 0.6)[0]))
-    assert problem.A.nnz >= highs.ISOLATE_MIN_NNZ  # isolated by default
+    assert problem.A.nnz >= highs.ISOLATE_MIN_NNZ_LP  # isolated by default
     limit = 0.5
     t0 = time.perf_counter()
     res = highs.solve(problem, relax=True, time_limit=limit)
