@@ -9,7 +9,7 @@ Time limits: HiGHS checks its ``time_limit`` only at some points. Measured with 
 IPM that its root node runs (a separate solver object without a time limit, 200
 iterations) and its setup after presolve take 20-50 s on MobileNet and ResNet50, with
 no callback in between. So a MIP or LP with a time limit and at least
-:data:`ISOLATE_MIN_NNZ` nonzeros runs in a worker process (:mod:`solvers._highs_worker`)
+:data:`ISOLATE_MIN_NNZ` (LPs: :data:`ISOLATE_MIN_NNZ_LP`) nonzeros runs in a worker process (:mod:`solvers._highs_worker`)
 that streams MIP incumbents back and is killed when the limit (plus :func:`kill_grace`)
 has passed; the best incumbent and the last reported bound are then the result. An LP
 returns its column values, row duals, objective and status from the worker; one killed
