@@ -40,7 +40,7 @@ import numpy.typing as npt
 
 from solvers.graph import Graph
 
-__all__ = ["RepeatRun", "Repeats", "find_repeats"]
+__all__ = ["RepeatRun", "Repeats", "find_repeats", "edge_classes"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -184,6 +184,40 @@ def find_repeats(
                 runs.append(run)
     runs.sort(key=lambda r: (-r.covered, r.length, r.starts[0]))
     return Repeats(tuple(runs), cost_rtol)
+
+
+def edge_classes(graph: Graph, repeats: Repeats) -> IntArray:
+    """Which edges are copies of each other: ``cls[k]`` for edge ``k`` of
+    ``graph.edge_array`` is the index of the first copy's edge it corresponds to (``k``
+    itself outside every run).
+
+    Edge ``(u, r)`` with u at offset o of copy 0 corresponds in copy c to ``(u', r')`` with
+    u' at offset o of copy c and r' the node as far from r as u' from u when both lie in
+    the run; when r lies outside the run (a later layer, the backward), r' is u''s
+    consumer of the same rank (when u and u' have as many consumers). Edges with no such
+    image stay alone.
+    """
+    e = graph.edge_array.reshape(-1, 2)
+    cls = np.arange(len(e), dtype=np.int64)
+    index = {(u, r): k for k, (u, r) in enumerate(e.tolist())}
+    succs = graph.succs
+    for run in repeats.runs:
+        lo, hi = run.span
+        s0 = run.starts[0]
+        for u in range(s0, s0 + run.length):
+            for i, r in enumerate(succs[u]):
+                k = index[(u, r)]
+                for start in run.starts[1:]:
+                    delta = start - s0
+                    u2 = u + delta
+                    if lo <= r < hi:
+                        r2 = r + delta if r + delta < hi else -1
+                    else:
+                        r2 = succs[u2][i] if len(succs[u2]) == len(succs[u]) else -1
+                    k2 = index.get((u2, r2))
+                    if k2 is not None:
+                        cls[k2] = k
+    return cls
 
 
 def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:

@@ -25,6 +25,12 @@ the policy with the simulator in the loop:
 Every step is one replay of a schedule (milliseconds on graphs of hundreds of ops), so the
 search is fast and anytime: ``time_limit`` stops it with the best policy found. The result
 is a good incumbent for the MILP's warm start, not a bound.
+
+With ``tie_layers``, the repeated blocks of the graph (:func:`solvers.repeats.find_repeats`,
+structure only: op, size and edges; costs ignored) share their drop points: choosing edge
+``(u, r)`` in one copy of a layer chooses its image in every copy
+(:func:`solvers.repeats.edge_classes`), and the repair undoes them together. This is a
+restriction of the policy space (an approximation, listed in ``info["restrictions"]``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from solvers.graph import Graph
+from solvers.repeats import edge_classes, find_repeats
 from solvers.result import SolveResult, Status
 from solvers.schedule import COMPUTE, FREE, PAGEIN, Schedule, SimResult, schedule_from_order, simulate
 from solvers.strategies._segments import drop_sequence, forced_keep, last_forward_reader, schedule_from_kept
@@ -75,6 +82,7 @@ def peak_greedy(
     time_limit: float | None = None,
     starts: int | None = None,
     repairs: int | None = None,
+    tie_layers: bool = False,
     **options: Any,
 ) -> SolveResult:
     """Search the kept set with the simulator (see the module docstring).
@@ -89,6 +97,8 @@ def peak_greedy(
             default 8, 3 above 1,000 nodes.
         repairs: how many of the cheapest distinct descent ends get the repair pass;
             default 3, 1 above 1,000 nodes (a repair replays the schedule once per drop).
+        tie_layers: give every copy of a repeated block the same drop points (see the
+            module docstring); an approximation, reported in ``info["restrictions"]``.
 
     Returns:
         FEASIBLE with the cheapest schedule found within the budget, else NO_SOLUTION with
@@ -98,7 +108,15 @@ def peak_greedy(
     large = graph.n > LARGE
     starts = (3 if large else 8) if starts is None else starts
     repairs = (1 if large else 3) if repairs is None else repairs
-    search = _Search(graph, budget, None if time_limit is None else t0 + max(float(time_limit), 0.0))
+    deadline = None if time_limit is None else t0 + max(float(time_limit), 0.0)
+    classes = None
+    info: dict[str, Any] = {}
+    if tie_layers:
+        repeats = find_repeats(graph, cost_rtol=None)
+        classes = edge_classes(graph, repeats)
+        info["repeats"] = repeats.describe()
+        info["restrictions"] = ["same drop points in every repeated layer (approximation)"]
+    search = _Search(graph, budget, deadline, classes)
     nothing = np.zeros(graph.n, dtype=bool)
     protects: list[npt.NDArray[np.bool_]] = [nothing]
     if graph.backward_mask.any():
@@ -123,7 +141,7 @@ def peak_greedy(
             ends.append((cost, drop, transient))
     for cost, drop, transient in ends[:repairs]:
         search.repair(cost, drop, transient)
-    info: dict[str, Any] = {"evaluations": search.evaluations, "starts": len(protects)}
+    info.update(evaluations=search.evaluations, starts=len(protects))
     elapsed = time.perf_counter() - t0
     if search.best is None:
         assert search.low is not None
@@ -146,8 +164,19 @@ class _Search:
     ``u`` after ``r`` runs (see :func:`~solvers.strategies._segments.drop_sequence`), the
     best policy found within the budget, and the least-peak schedule seen."""
 
-    def __init__(self, graph: Graph, budget: int, deadline: float | None) -> None:
+    def __init__(
+        self, graph: Graph, budget: int, deadline: float | None, classes: npt.NDArray[np.int64] | None = None
+    ) -> None:
         self.graph, self.budget, self.deadline = graph, budget, deadline
+        #: edge -> the edges tied to it (itself included), for edges with copies
+        self.tied: dict[int, npt.NDArray[np.int64]] = {}
+        if classes is not None:
+            order = np.argsort(classes, kind="stable")
+            bounds = np.flatnonzero(np.diff(classes[order])) + 1
+            for group in np.split(order, bounds):
+                if len(group) > 1:
+                    for k in group.tolist():
+                        self.tied[k] = group
         e = graph.edge_array.reshape(-1, 2)
         self.src = e[:, 0]
         droppable = graph.recomputable_mask & (graph.mem > 0)
@@ -176,6 +205,11 @@ class _Search:
         self.fits: list[tuple[float, npt.NDArray[np.bool_], bool]] = []
         # every descent starts from dropping nothing (transient or not: nothing recomputes)
         self.start = self.run(np.zeros(len(self.src), dtype=bool))
+
+    def group(self, k: int) -> npt.NDArray[np.int64]:
+        """Edge ``k`` and the edges tied to it."""
+        found = self.tied.get(k)
+        return np.array([k], dtype=np.int64) if found is None else found
 
     def expired(self) -> bool:
         return self.deadline is not None and time.perf_counter() > self.deadline
@@ -227,6 +261,10 @@ class _Search:
             options.sort()
             excess, freed = sim.peak - self.budget, 0
             for _, k in options:
+                if drop[k]:  # dropped with a tied edge already
+                    continue
+                tied = self.group(k)
+                drop[tied[~protect[self.src[tied]]]] = True
                 drop[k] = True
                 freed += int(graph.mem[self.src[k]])
                 if freed >= excess:
@@ -240,12 +278,18 @@ class _Search:
         fits and gets cheaper, the costliest recomputations first."""
         drop = drop.copy()
         dropped = np.flatnonzero(drop)
+        seen: set[int] = set()
         for k in dropped[np.argsort(-self.ratio[self.src[dropped]], kind="stable")].tolist():
             if self.expired():
                 return
-            drop[k] = False
+            tied = self.group(k)
+            if int(tied[0]) in seen:  # tried with a tied edge
+                continue
+            seen.add(int(tied[0]))
+            tied = tied[drop[tied]]
+            drop[tied] = False
             sim = self.run(drop, transient)[1]
             if sim.peak <= self.budget and sim.cost < cost - 1e-15:
                 cost = sim.cost
             else:  # no gain (or over budget): drop again
-                drop[k] = True
+                drop[tied] = True
