@@ -21,8 +21,8 @@ How (no pairwise loop over nodes):
    outside" otherwise). Block b equals block b+1 when every node's signature (and cost)
    equals that of the node L later; consecutive equal pairs chain into runs. One phase is
    O(E) numpy, so a candidate costs O(L E).
-3. Runs are taken largest coverage (copies x length) first, then shortest length, never
-   overlapping; each kept run is checked node by node in Python (hash collisions split it).
+3. Runs are taken largest coverage (copies x length) first, then shortest length, then
+   cut at the same phase as the largest run of that length, never overlapping; each kept run is checked node by node in Python (hash collisions split it).
 
 Exact in what it reports (every reported copy is one by the definition above); heuristic in
 what it may miss (a period that is not among the candidates). Costs of profiled graphs are
@@ -171,6 +171,12 @@ def find_repeats(
     for length in _candidate_periods(graph, base, periods):
         chains += _chains(graph, base, cost_rtol, dst, dist, length)
     chains.sort()
+    # among equal coverage, prefer the phase of the largest run of that length (layers
+    # cut at the same boundaries), then the earliest start
+    ref: dict[int, int] = {}
+    for _, length, start, _ in chains:
+        ref.setdefault(length, start % length)
+    chains.sort(key=lambda c: (c[0], c[1], c[2] % c[1] != ref[c[1]], c[2]))
     taken = np.zeros(n, dtype=bool)
     runs: list[RepeatRun] = []
     for _, length, start, copies in chains:
