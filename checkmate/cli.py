@@ -239,7 +239,8 @@ def strategies() -> None:
 @_debug_option
 @_handled
 def show(plan: str, graph_path: str | None, top: int, debug: bool) -> None:
-    """Summarise PLAN: figures, the most recomputed ops, and (with --graph) a replay."""
+    """Summarise PLAN: figures, the most recomputed ops, and (with --graph) a replay and
+    the graph's repeated blocks (layers)."""
     from solvers.plan import read_plan, read_plan_document
     from solvers.schedule import validate
 
@@ -256,6 +257,9 @@ def show(plan: str, graph_path: str | None, top: int, debug: bool) -> None:
         frag = report.fragmentation(g, p.schedule)
         if frag:
             report.kv("memory", frag)
+        from solvers.repeats import find_repeats
+
+        report.kv("repeats", find_repeats(g, cost_rtol=None).describe())
     rows = report.recomputed_rows(doc, g, top)
     if rows:
         report.table(f"top {len(rows)} recomputed ops", ["op", "computes", "extra cost"], rows)
