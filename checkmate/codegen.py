@@ -97,6 +97,7 @@ class _Emitter:
         self.computed: set[int] = set()
         # the multi-output op run last: (joint op, its copy, outputs taken from the copy)
         self.last: tuple[fx.Node, fx.Node, set[str]] | None = None
+        self.inplace_adds = frozenset(jg.inplace.values())
         self.group_nodes: dict[int, list[fx.Node]] = {}
         for name, g in jg.group.items():
             self.group_nodes.setdefault(g, []).append(by_name[name])
@@ -118,6 +119,15 @@ class _Emitter:
         if call is None:
             self.env[owner] = self.graph.node_copy(owner, self.get)
             self.last = None
+            acc = self.jg.inplace.get(name)
+            if acc is not None:  # a gradient sum done in place into this addend
+                add = self.by_name[acc]
+                other = next(a for a in add.all_input_nodes if a is not owner)
+                node = self.graph.call_function(
+                    torch.ops.aten.add_.Tensor, (self.env[owner], self.get(other))
+                )
+                node.meta = dict(add.meta)
+                self.env[add] = node
             return
         op = self.by_name[call[0]]
         if self.last is None or self.last[0] is not op or name in self.last[2]:
@@ -155,7 +165,7 @@ class _Emitter:
         ):
             v = self.load(n)
         else:
-            if g is not None and self.jg.members[g] == (n.name,):
+            if g is not None and (self.jg.members[g] == (n.name,) or n.name in self.inplace_adds):
                 raise AssertionError(f"the plan reads {n.name}, which is not resident")
             v = self.graph.node_copy(n, self.get)
         self.env[n] = v

@@ -27,6 +27,12 @@ Modelling choices (the simulator's memory must match what the runtime allocates)
   output) gets a zero-cost node of that size computed right before it and read by it.
 - A final zero-cost sink node reads every output (forward outputs and gradients), so the
   simulator keeps them live until the step ends, as the caller does.
+- A gradient that is the sum of two backward values (a tied weight: a language model's
+  embedding and output head) is added in place into the addend listed last, when that
+  addend is read by nothing else (:func:`_accumulates_into`), as eager autograd
+  accumulates it: the sum is folded into that addend's node, which reads the other addend
+  too, so the step holds two vocabulary-sized tensors, not three. Addition commutes, so
+  the sum is bitwise the one the functional graph computes.
 - Backward nodes are the ops that depend on a tangent, and the ops that only the backward
   reads (moved to right before their first reader; see :func:`_backward_only`); node ids
   list every forward node before every backward node, so a schedule splits into a forward
@@ -79,6 +85,8 @@ class JointGraph:
         calls: for a node that is one output of a multi-output op, its ``getitem`` name ->
             (the op's fx node name, the output's index).
         mutated: names of the primals the step mutates (BatchNorm running statistics).
+        inplace: fx node name of an addend -> the gradient ``add`` computed in place into it
+            right after it (see :func:`_accumulates_into`).
     """
 
     graph: Graph
@@ -88,6 +96,7 @@ class JointGraph:
     num_fwd_outputs: int
     calls: dict[str, tuple[str, Any]] = field(default_factory=dict)
     mutated: frozenset[str] = frozenset()
+    inplace: dict[str, str] = field(default_factory=dict)
 
     @property
     def sink(self) -> int:
@@ -279,6 +288,65 @@ def _lazy_order(
     return out
 
 
+def _accumulates_into(
+    node: fx.Node,
+    base: dict[fx.Node, fx.Node | None],
+    backward: set[fx.Node],
+    outputs: set[fx.Node],
+    multi: set[fx.Node],
+) -> fx.Node | None:
+    """The addend ``node`` may be computed in place into, or None.
+
+    ``node`` must be a backward ``aten.add.Tensor(a, b)`` (no ``alpha``) whose result is a
+    gradient of the step; the addend (the later of the two in the graph) must be a backward
+    op's own output (not a view, a placeholder or one output of a multi-output op) that
+    nothing but ``node`` reads, with ``node``'s shape, strides and dtype. Then
+    ``addend.add_(other)`` gives ``node``'s value bit for bit (addition commutes) in the
+    addend's storage. Only gradients qualify: elsewhere the extra read could cost a plan
+    more than the allocation it saves.
+    """
+    if node.target is not torch.ops.aten.add.Tensor or node.kwargs or len(node.args) != 2:
+        return None
+    if node not in backward or node not in outputs:
+        return None
+    a, b = node.args
+    val = node.meta.get("val")
+    if (
+        not isinstance(a, fx.Node)
+        or not isinstance(b, fx.Node)
+        or a is b
+        or not isinstance(val, torch.Tensor)
+    ):
+        return None
+    for x in (b, a):  # args precede their users: the later addend is found by walking on
+        other = a if x is b else b
+        if x.op != "call_function" or base.get(x) is not x or x not in backward or len(x.users) != 1:
+            continue
+        if x.target is operator.getitem and isinstance(x.args[0], fx.Node) and x.args[0] in multi:
+            continue
+        xv = x.meta.get("val")
+        if (
+            not _writes_input(x)
+            and isinstance(xv, torch.Tensor)
+            and xv.shape == val.shape
+            and xv.stride() == val.stride()
+            and xv.dtype == val.dtype
+            and _later(x, other)
+        ):
+            return x
+    return None
+
+
+def _later(x: fx.Node, y: fx.Node) -> bool:
+    """True when ``x`` comes after ``y`` in their graph."""
+    n = y.next
+    while n.op != "root":
+        if n is x:
+            return True
+        n = n.next
+    return False
+
+
 def _root(node: fx.Node, base: dict[fx.Node, fx.Node | None]) -> fx.Node:
     """The placeholder a view chain starts from (or the node itself)."""
     while node.op == "call_function" and base.get(node) is None and node.args:
@@ -346,6 +414,8 @@ def build_graph(
     fwd_outputs = [o for o in outputs[:num_fwd_outputs] if isinstance(o, fx.Node)]
 
     mutated = _mutated_inputs(placeholders, out_node)
+    out_set = set(flat_out)
+    inplace: dict[fx.Node, fx.Node] = {}  # addend -> the gradient add done in place into it
     backward: set[fx.Node] = set(tangents)
     base: dict[fx.Node, fx.Node | None] = {}  # fx node -> owner fx node (None: a placeholder's)
     owners: list[fx.Node] = []
@@ -375,6 +445,9 @@ def build_graph(
             call_of[n] = first
         elif (is_view_op(n) or n.target is operator.getitem) and isinstance(first, fx.Node):
             base[n] = base[first]  # an alias: shares its base's allocation
+        elif (into := _accumulates_into(n, base, backward, out_set, multi)) is not None:
+            base[n] = into  # computed in place: part of the addend's node, reading both
+            inplace[into] = n
         elif isinstance(n.meta.get("val"), (tuple, list)) and any(
             u.target is operator.getitem for u in n.users
         ):
@@ -418,7 +491,11 @@ def build_graph(
     )
     gid = {o: i for i, o in enumerate(ordered)}
     ops = [call_of.get(o, o) for o in ordered]
-    seconds = dict(zip(ordered, costs(ops)))
+    fused = [o for o in ordered if o in inplace]
+    timed = list(costs(ops + [inplace[o] for o in fused]))
+    seconds = dict(zip(ordered, timed[: len(ops)]))
+    for o, extra in zip(fused, timed[len(ops) :]):
+        seconds[o] += extra
     preds: dict[fx.Node, set[int]] = {o: {gid[b] for b in inputs[o]} for o in ordered}
     held = {gid[b] for b in held_owners}
     forward_required = {gid[o] for o in once} | held
@@ -485,4 +562,5 @@ def build_graph(
         num_fwd_outputs=num_fwd_outputs,
         calls=calls,
         mutated=frozenset(p.name for p in mutated),
+        inplace={x.name: a.name for x, a in inplace.items()},
     )

@@ -217,3 +217,54 @@ def test_a_backward_op_larger_than_its_inputs_runs_right_before_its_reader() -> 
                 stack.append(p)
     assert all(w in ancestors for w in range(head + 1, reader)), "unrelated ops run between"
     assert g.mem[head] > sum(g.mem[p] for p in g.preds[head])
+
+
+def test_tied_weight_gradient_sum_is_added_in_place_bit_for_bit() -> None:
+    # the embedding's gradient and the head's are summed last; the sum is done in place
+    # into the embedding's (read by nothing else): two vocab x d tensors live, not three,
+    # and every gradient equals the functional joint graph's bit for bit
+    vocab, d = 512, 64
+    torch.manual_seed(0)
+    gm, jg = _joint(_TiedLM(vocab, d), torch.randint(0, vocab, (2, 4)))
+    assert len(jg.inplace) == 1
+    ((addend, add),) = jg.inplace.items()
+    by_name = {n.name: n for n in gm.graph.nodes}
+    assert by_name[addend].target is torch.ops.aten.embedding_dense_backward.default
+    assert jg.group[add] == jg.group[addend]
+    g = jg.graph
+    big = [v for v in range(g.n) if g.mem[v] == vocab * d * 4]
+    assert len(big) == 2, [g.nodes[v].name for v in big]  # head grad, embedding grad (+ sum)
+    sched = schedule_from_order(g, range(g.n))
+    assert simulate(g, sched).peak < 3 * vocab * d * 4
+    mods = generate(gm, jg, sched)
+    assert any(n.target is torch.ops.aten.add_.Tensor for n in mods.backward.graph.nodes)
+
+    phs = [p for p in gm.graph.nodes if p.op == "placeholder"]
+    vals = [
+        torch.randn(p.meta["val"].shape) if p.meta["val"].dtype.is_floating_point
+        else torch.randint(0, vocab, p.meta["val"].shape)
+        for p in phs
+    ]  # fmt: skip
+    primals = [v for p, v in zip(phs, vals) if p.name.startswith("primals")]
+    tangents = [v for p, v in zip(phs, vals) if p.name.startswith("tangents")]
+    with torch.no_grad():
+        _, expected = gm(list(primals), list(tangents))  # (forward outputs, gradients)
+        outs = list(mods.forward(list(primals)))
+        grads = list(mods.backward(outs[jg.num_fwd_outputs :] + list(tangents)))
+
+        def step() -> None:
+            o = list(mods.forward(list(primals)))
+            held = o[: jg.num_fwd_outputs]
+            args = o[jg.num_fwd_outputs :] + [t.clone() for t in tangents]
+            del o
+            res = mods.backward(args)
+            del held, res
+
+        measured = measure_peak(step)
+    assert len(grads) == len(expected)
+    for got, want in zip(grads, expected):
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert torch.equal(got, want)
+    simulated = simulate(g, sched).peak
+    assert abs(measured - simulated) <= 0.05 * simulated, (measured, simulated)
