@@ -55,7 +55,14 @@ def test_a_gap_recomputes_its_value_and_holds_a_freed_input() -> None:
     assert res.status == Status.FEASIBLE and res.schedule is not None
     sim = validate(g, res.schedule, 42)
     assert sim.peak == 42 and sim.cost == pytest.approx(g.total_cost + 3.0)
-    assert get_strategy("gap-cover")(g, 41).status == Status.NO_SOLUTION
+    assert get_strategy("gap-cover")(g, 41, chains=False).status == Status.NO_SOLUTION
+    # with chains, 0 is released after its read and recomputed (1.0) right before 1 is
+    chained = get_strategy("gap-cover")(g, 41)
+    assert chained.status == Status.FEASIBLE and chained.schedule is not None
+    assert chained.info["chained"] == 1
+    sim = validate(g, chained.schedule, 41)
+    assert sim.peak <= 41 and sim.cost == pytest.approx(g.total_cost + 4.0)
+    assert sim.compute_counts.tolist() == [2, 2, 1, 1, 1, 1]
 
 
 def test_a_model_over_the_size_limit_is_refused_with_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,9 +94,10 @@ def test_the_mip_prices_its_plan_exactly(g: Graph, frac: float) -> None:
         return
     assert res.schedule is not None
     sim = validate(g, res.schedule, budget)
-    drops = res.info.get("drops", 0)
+    drops, chained = res.info.get("drops", 0), res.info.get("chained", 0)
     assert sim.peak <= budget
-    assert int(sim.compute_counts.sum()) == g.n + drops  # one recompute per dropped gap
+    # one recompute per dropped gap, one more per released input it recomputes first
+    assert int(sim.compute_counts.sum()) == g.n + drops + chained
 
 
 def test_random_layered_n100_at_0_8_is_near_the_published_optimum() -> None:
