@@ -117,3 +117,11 @@ def test_on_a_training_graph_it_matches_the_milp_where_one_op_recomputes_suffice
     best = solve(g, budget, "ilp", time_limit=60)
     assert best.status == Status.OPTIMAL and res.ok and res.cost is not None
     assert res.cost == pytest.approx(best.cost, rel=1e-9)
+
+
+def test_auto_plans_a_graph_without_a_backward_through_gap_cover() -> None:
+    g = public_graph("random_layered_n100.json")
+    budget, _ = resolve_budget(g, 0.8)
+    res = solve(g, budget, "auto", time_limit=4)
+    assert res.ok and res.cost is not None and res.peak is not None and res.peak <= budget
+    assert res.cost <= 1.03 * g.total_cost
