@@ -18,8 +18,8 @@ Modelling choices (the simulator's memory must match what the runtime allocates)
   not), and recomputing any one output runs the op again. Codegen runs the op once for
   outputs computed one after another. (The tuple is not a node: a plan could otherwise keep
   it resident and "recompute" an output from it for free, which the runtime cannot honour.)
-- Primals (parameters, buffers, inputs) are not nodes: always resident, outside the
-  budget. Tangents are: autograd allocates them when the backward starts; each is a
+- Primals (parameters, buffers, inputs) and constants (``get_attr`` nodes) are not nodes:
+  always resident, outside the budget. Tangents are: autograd allocates them when the backward starts; each is a
   zero-cost, non-recomputable backward node listed before the backward ops.
 - Random ops and ops that mutate an input are not recomputable. Forward outputs are not
   recomputable either: they are computed once in the forward and held by the caller.
@@ -430,6 +430,11 @@ def build_graph(
                 owners.append(n)
             continue
         if n.op == "output":
+            continue
+        if n.op == "get_attr":
+            # a constant tensor lifted into the graph module (T5's and BART's attention
+            # masks build one): resident like a parameter, outside the budget, no node
+            base[n] = None
             continue
         if n.op != "call_function":
             raise TraceError(
