@@ -31,19 +31,20 @@ __all__ = ["solve_auto"]
 HEURISTICS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("checkpoint-all", "checkpoint-all", {}),
     ("peak-greedy", "peak-greedy", {}),
-    # exact within one-op recomputes; the one heuristic that plans graphs without a backward
-    ("gap-cover", "gap-cover", {}),
     ("chen-greedy", "chen-greedy", {}),
     ("chen-sqrtn", "chen-sqrtn", {}),
     ("dtr", "dtr", {}),
     # a static plan may recompute what the program freed (no banishing): fits where DTR's
     # eager-runtime rule pins too much (traced transformers)
     ("dtr (no banishing)", "dtr", {"banish": False}),
+    # a MIP, exact within one-op recomputes: last, so that where the others found nothing
+    # (graphs without a backward) it gets half of what is left
+    ("gap-cover", "gap-cover", {}),
 )
 #: MILP skipped above this many nodes (its O(n^2) model would not finish usefully)
 MILP_MAX_NODES = 400
 DEFAULT_TIME_LIMIT = 60.0
-#: most of the time limit one heuristic may take
+#: most of the time limit one heuristic may take once a schedule fits (before: half of what is left)
 HEURISTIC_SHARE = 0.3
 #: relative gap to the lower bound under which the search stops
 GAP_TOLERANCE = 1e-4
@@ -136,8 +137,10 @@ def solve_auto(
         return best is not None and best_cost <= lower * (1 + GAP_TOLERANCE)
 
     for label, name, opts in HEURISTICS:
-        # a heuristic that searches (peak-greedy on thousands of ops) leaves time for the rest
-        run(name, label=label, time_limit=min(left(), HEURISTIC_SHARE * limit), **opts)
+        # a heuristic that searches (peak-greedy on thousands of ops) leaves time for the
+        # rest; while nothing fits, one may take half of what is left
+        share = HEURISTIC_SHARE * limit if best is not None else max(HEURISTIC_SHARE * limit, 0.5 * left())
+        run(name, label=label, time_limit=min(left(), share), **opts)
         if done():
             break
     milp = graph.n <= milp_max_nodes
