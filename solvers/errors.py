@@ -35,7 +35,10 @@ class InfeasibleBudgetError(CheckmateError):
     Attributes:
         budget: the budget asked for, in bytes.
         minimum: the smallest budget (bytes) known to admit a schedule, or a lower bound
-            on it when ``exact`` is False; None when unknown.
+            on it when ``exact`` is False; None when unknown. Always above ``budget``: a
+            strategy may prove a budget infeasible at or above the cheap lower bound it
+            reports, and then the bound says only that more than ``budget`` is needed, so
+            ``minimum`` becomes ``budget + 1`` (an int a retry can use; not exact).
         reference: the checkpoint-all peak (bytes) that fractions refer to, if known.
     """
 
@@ -50,10 +53,15 @@ class InfeasibleBudgetError(CheckmateError):
     ) -> None:
         self.budget = int(budget)
         self.minimum = None if minimum is None else int(minimum)
+        beyond = self.minimum is not None and self.minimum <= self.budget
+        if beyond:  # proven infeasible at or above the bound given: only "more" is known
+            self.minimum, exact = self.budget + 1, False
         self.reference = reference
         self.exact = exact
         msg = f"no schedule fits a budget of {_fmt(self.budget, reference)}"
-        if self.minimum is not None:
+        if self.minimum is not None and beyond:
+            msg += f"; every schedule needs more than that, at least {_fmt(self.minimum, reference)}"
+        elif self.minimum is not None:
             word = "the minimum feasible budget is" if exact else "every schedule needs at least"
             msg += f"; {word} {_fmt(self.minimum, reference)}"
         if detail:

@@ -10,7 +10,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from solvers import Graph, Schedule, SolverError, Status, highs, keep_all_peak, schedule_from_order, validate
+from solvers import (
+    Graph,
+    InfeasibleBudgetError,
+    Schedule,
+    SolverError,
+    Status,
+    highs,
+    keep_all_peak,
+    memory_lower_bound,
+    schedule_from_order,
+    solve,
+    validate,
+)
 from solvers.result import SolveProgress, SolveResult
 from solvers.schedule import schedule_from_rs, simulate
 from solvers.stages import complete_rs, rs_cost, s_from_schedule, stage_memory
@@ -83,6 +95,29 @@ def test_diamond_needs_its_whole_width(diamond: Graph) -> None:
     assert res.status == Status.OPTIMAL and res.cost == 10 and res.peak == 9
     res = solve_ilp(diamond, 6, time_limit=LIMIT)  # below the cheap bound
     assert res.status == Status.INFEASIBLE and res.info["min_budget"] == 7
+
+
+def test_infeasible_at_the_cheap_bound_reports_a_larger_minimum(diamond: Graph) -> None:
+    # the MILP proves 7 (= the cheap bound) and 8 infeasible: the error's minimum must then
+    # be above the budget that failed (not the bound, which is no larger), so that retrying
+    # at ``exc.minimum`` makes progress and reaches the true minimum, 9
+    budget, tried = memory_lower_bound(diamond), []
+    assert budget == 7
+    while True:
+        try:
+            res = solve(diamond, budget, "ilp", time_limit=LIMIT)
+            break
+        except InfeasibleBudgetError as exc:
+            assert exc.minimum is not None and exc.minimum > exc.budget == budget and not exc.exact
+            assert "every schedule needs more than that" in str(exc)
+            assert f"({budget:,} bytes)" in str(exc) and f"({exc.minimum:,} bytes)" in str(exc)
+            tried.append(budget)
+            budget = exc.minimum
+    assert tried == [7, 8] and res.peak == 9
+    # below the bound the bound itself is reported, as before
+    with pytest.raises(InfeasibleBudgetError, match="every schedule needs at least") as info:
+        solve(diamond, 6, "ilp", time_limit=LIMIT)
+    assert info.value.minimum == 7
 
 
 def test_result_reports_build_and_model_size() -> None:
