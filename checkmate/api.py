@@ -71,7 +71,16 @@ def optimize(
             without rematerialization (``0.5``, ``"50%"``); applied to every captured graph.
             With graph breaks the activations an earlier graph saves stay alive while the
             later ones run, so the budget then bounds each graph, not the whole step: pass
-            ``fullgraph=True`` to make sure it bounds the step.
+            ``fullgraph=True`` to make sure it bounds the step. A fraction that no schedule
+            of a graph meets raises :class:`InfeasibleBudgetError`, except for a graph whose
+            keep-all peak is at most half that of the step's largest graph compiled before
+            it (a loss split off by a graph break, as in Hugging Face models given
+            ``labels``): it does not set the step's peak, so it is planned at its own
+            minimum (keep-all when that is not known to be lower) with a
+            :class:`~checkmate.runtime.BudgetWarning` naming the graph, the fraction and
+            the bytes it got; its :class:`PlanRecord` holds the budget it was planned at
+            (``result.budget``) and the one asked (``asked_budget``). Byte budgets apply
+            to every graph as given.
         example_inputs: positional arguments of one training step, to plan now; without
             them the first training call plans.
         strategy: a strategy name from ``solvers.strategies.STRATEGIES`` (default ``auto``).
@@ -129,6 +138,7 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if state.eager_keys.get(key, False):
         return state.eager(*args, **kwargs)
     before = len(state.planner.records)
+    state.planner.begin_step(key)
     out = _compiled_call(state, args, kwargs)
     if key not in state.eager_keys:
         fresh = state.planner.records[before:]

@@ -32,12 +32,18 @@ from checkmate.cache import cached_solve
 from checkmate.codegen import SplitModules, generate
 from checkmate.timing import ProfileWarning
 from checkmate.trace import JointGraph, build_graph, recompute_dropout_from_mask
+from solvers.budget import format_bytes, parse_budget
 from solvers.errors import InfeasibleBudgetError, SolverError
 from solvers.plan import atomic_write_text
 from solvers.result import SolveResult, Status
 from solvers.schedule import PAGEIN, PAGEOUT, keep_all_peak
 
-__all__ = ["PlanRecord", "Planner"]
+__all__ = ["BudgetWarning", "PlanRecord", "Planner"]
+
+
+class BudgetWarning(UserWarning):
+    """A graph was planned above the fraction asked: the fraction is infeasible for it, and
+    it is too small a part of its step to set the step's peak (see :meth:`Planner.partition`)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,9 @@ class PlanRecord:
             (a plan file given to ``optimize(plan=...)`` was used).
         paged: joint-graph names of saved values the forward hands to the backward on the
             host (paging plans only).
+        asked_budget: the bytes the budget asked for this graph when it was planned at more
+            (``result.budget``: a fraction infeasible for a small graph, see
+            :meth:`Planner.partition`); None when it was planned at the budget asked.
     """
 
     index: int
@@ -75,6 +84,7 @@ class PlanRecord:
     codegen_seconds: float = 0.0
     cache: str = "disabled"
     paged: tuple[str, ...] = ()
+    asked_budget: int | None = None
 
     @property
     def recomputes(self) -> int:
@@ -87,13 +97,16 @@ class PlanRecord:
 
     def summary(self) -> str:
         """One line: graph size, budget, simulated peak, cost overhead, strategy."""
-        from solvers.budget import format_bytes
-
         res = self.result
         g = self.joint.graph
         chosen = res.info.get("chosen", res.strategy)
         overhead = (res.cost or 0.0) / g.total_cost - 1.0 if g.total_cost else 0.0
         gap = f", gap to bound {res.gap:.1%}" if res.gap is not None else ""
+        if self.asked_budget is not None:
+            gap += (
+                f", budget raised from {format_bytes(self.asked_budget)} "
+                f"({self.asked_budget / max(self.reference_peak, 1):.0%}, infeasible for this graph)"
+            )
         return (
             f"graph {self.index}: {g.n - 1} ops, budget {format_bytes(res.budget)} "
             f"({res.budget / max(self.reference_peak, 1):.0%} of {format_bytes(self.reference_peak)}), "
@@ -113,6 +126,10 @@ class Planner:
         time_limit: seconds per graph for searching strategies.
         options: strategy options.
         plan_path: a plan file to use instead of the cache.
+        records: one per graph planned, in order.
+        steps: training-step signature -> indices in ``records`` of the graphs compiled for
+            it (the graphs of one step, recompilations included).
+        step: the signature of the step being compiled (set by :meth:`begin_step`).
     """
 
     budget: object
@@ -122,6 +139,13 @@ class Planner:
     options: dict[str, Any] = field(default_factory=dict)
     plan_path: str | None = None
     records: list[PlanRecord] = field(default_factory=list)
+    steps: dict[object, list[int]] = field(default_factory=dict)
+    step: object = None
+
+    def begin_step(self, signature: object) -> None:
+        """Graphs compiled from now on belong to the training step with this input
+        signature (their sizes decide which graph sets the step's peak)."""
+        self.step = signature
 
     def backend(self) -> Callable[..., Any]:
         """A torch.compile backend running this planner's plans."""
@@ -130,7 +154,16 @@ class Planner:
     def partition(
         self, joint: fx.GraphModule, joint_inputs: Sequence[Any], *, num_fwd_outputs: int, **_: Any
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
-        """AOTAutograd's partition hook: plan the joint graph and generate its two halves."""
+        """AOTAutograd's partition hook: plan the joint graph and generate its two halves.
+
+        A fraction budget applies to each graph's own keep-all peak. A graph for which that
+        fraction is infeasible (the largest op of a loss graph split off by a graph break
+        needs its whole peak) is planned at its own minimum, or keep-all when the minimum
+        is not known to be below it, with a :class:`BudgetWarning`, when its keep-all peak
+        is at most half that of the largest graph compiled for the same step so far: it
+        does not set the step's peak. Otherwise, and for byte budgets, the
+        :class:`InfeasibleBudgetError` is raised.
+        """
         start = time.perf_counter()
         spent = {"profile": 0.0, "scratch": 0.0}
 
@@ -153,15 +186,7 @@ class Planner:
         jg = build_graph(joint, num_fwd_outputs, costs, scratch=scratch, name=f"graph{len(self.records)}")
         _flush_scratch()
         traced = time.perf_counter()
-        res = cached_solve(
-            jg.graph,
-            self.budget,
-            self.strategy,
-            time_limit=self.time_limit,
-            options=self.options,
-            profile_id=_profile_id(self.profile, device),
-            plan_path=self.plan_path,
-        )
+        res, asked = self._solve(jg, _profile_id(self.profile, device))
         solved = time.perf_counter()
         if not res.ok or res.schedule is None:
             if res.status == Status.INFEASIBLE:
@@ -198,9 +223,57 @@ class Planner:
                 codegen_seconds=end - solved,
                 cache=_cache_status(res, self.plan_path),
                 paged=paged,
+                asked_budget=asked,
             )
         )
+        self.steps.setdefault(self.step, []).append(len(self.records) - 1)
         return modules.forward, modules.backward
+
+    def _solve(self, jg: JointGraph, profile_id: str) -> tuple[SolveResult, int | None]:
+        """The plan of ``jg`` and, when it was planned above the budget asked (see
+        :meth:`partition`), the bytes asked."""
+        graph = jg.graph
+
+        def run(budget: object) -> SolveResult:
+            return cached_solve(
+                graph,
+                budget,
+                self.strategy,
+                time_limit=self.time_limit,
+                options=self.options,
+                profile_id=profile_id,
+                plan_path=self.plan_path,
+            )
+
+        try:
+            return run(self.budget), None
+        except InfeasibleBudgetError as exc:
+            fraction = parse_budget(self.budget).fraction
+            ref = keep_all_peak(graph)
+            largest = max((self.records[i].reference_peak for i in self.steps.get(self.step, [])), default=0)
+            if fraction is None or 2 * ref > largest:
+                raise
+            asked, minimum = exc.budget, exc.minimum
+        res: SolveResult | None = None
+        if minimum is not None and minimum < ref:
+            try:
+                res = run(minimum)
+            except InfeasibleBudgetError:
+                res = None
+            if res is not None and (not res.ok or res.schedule is None):
+                res = None
+        if res is None:
+            res = run(ref)  # keep-all fits its own peak
+        warnings.warn(
+            f"graph {len(self.records)} ({graph.n - 1} ops, keep-all peak {format_bytes(ref)}) has no "
+            f"schedule at the {fraction:.0%} asked ({format_bytes(asked)}); it is planned at "
+            f"{format_bytes(res.budget)} ({res.budget / max(ref, 1):.0%} of its peak) instead. "
+            f"It is at most half the largest graph of this step ({format_bytes(largest)}), which "
+            "sets the step's peak; pass the budget in bytes to make this an error",
+            BudgetWarning,
+            stacklevel=2,
+        )
+        return res, asked
 
 
 def _as_is(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:

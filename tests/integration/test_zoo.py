@@ -26,7 +26,6 @@ from torch import nn
 
 import checkmate
 from checkmate.api import plans_of
-from solvers.errors import InfeasibleBudgetError
 
 pytestmark = pytest.mark.torch
 
@@ -493,7 +492,7 @@ def _assert_equal(a: list[Any], b: list[Any], what: str) -> None:
 FRACTION = {
     "bert_mlm": 0.7,
     "bert_model": 0.7,
-    "gpt2_lm_labels": 0.9,
+    "gpt2_lm_labels": 0.6,  # the loss graph after the break is planned keep-all (a warning)
     "t5": 0.7,
     "bart": 0.9,
     "vit": 0.9,
@@ -515,23 +514,14 @@ FRACTION = {
 }
 
 XFAIL = {
-    "gpt2_lm_labels": pytest.mark.xfail(
+    rnn: pytest.mark.xfail(
         strict=True,
-        raises=InfeasibleBudgetError,
-        reason="graph break at Hugging Face's self.loss_function: the loss is a second graph whose "
-        "largest op (cross-entropy on the logits) is 100% of its own no-remat peak, and a fraction "
-        "budget applies per graph, so every fraction below 1 is infeasible for it",
-    ),
-    **{
-        rnn: pytest.mark.xfail(
-            strict=True,
-            raises=AssertionError,
-            reason="Dynamo does not trace nn.LSTM/nn.GRU (torch._dynamo.config.allow_rnn is False): "
-            "the frame runs eagerly and nothing is planned (gradients are eager's; memory is not "
-            "bounded); allow_rnn=True traces them (GRU planned at 0.8, bitwise equal)",
-        )
-        for rnn in ("lstm_lm", "gru_lm")
-    },
+        raises=AssertionError,
+        reason="Dynamo does not trace nn.LSTM/nn.GRU (torch._dynamo.config.allow_rnn is False): "
+        "the frame runs eagerly and nothing is planned (gradients are eager's; memory is not "
+        "bounded); allow_rnn=True traces them (GRU planned at 0.8, bitwise equal)",
+    )
+    for rnn in ("lstm_lm", "gru_lm")
 }
 
 #: (case, fraction): every case at its fraction, and cheap ones at 1.0 (the eager path)
@@ -570,6 +560,8 @@ def test_zoo_matches_eager(name: str, fraction: float) -> None:
     assert records, "nothing was planned"
     for r in records:
         assert r.result.peak is not None and r.result.peak <= r.result.budget, r.summary()
+        if r.asked_budget is not None:  # a fraction infeasible for a small graph (GPT-2's loss)
+            assert r.asked_budget < r.result.budget <= r.reference_peak, r.summary()
 
     # a second step on the same shapes reuses the plans (gradients accumulate)
     l_opt2, _ = _step(opt, inputs_o, seed=2)

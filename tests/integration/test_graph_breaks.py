@@ -1,0 +1,102 @@
+"""``checkmate.optimize`` across graph breaks: fraction budgets per captured graph.
+
+A fraction budget applies to each captured graph's own keep-all peak. A loss split off by
+a graph break (Hugging Face models given ``labels``) is a graph whose largest op needs its
+whole peak: it is planned at its own minimum with a warning when it is at most half the
+step's largest graph, and the fraction still raises for a graph that may set the peak.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import checkmate
+from checkmate.api import plans_of
+from checkmate.runtime import BudgetWarning
+from solvers.budget import format_bytes
+from solvers.errors import InfeasibleBudgetError
+
+pytestmark = pytest.mark.torch
+
+
+class BodyThenLoss(nn.Module):
+    """An MLP body, a graph break, then cross-entropy on its logits (a second graph)."""
+
+    def __init__(self, width: int = 64, depth: int = 6) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Linear(32, width)]
+        for _ in range(depth):
+            layers += [nn.Tanh(), nn.Linear(width, width)]
+        self.body = nn.Sequential(*layers, nn.Tanh(), nn.Linear(width, 16))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = self.body(x)
+        torch._dynamo.graph_break()
+        return F.cross_entropy(logits, y)
+
+
+class LossThenBody(BodyThenLoss):
+    """The loss graph first: no larger graph of the step is known when it is planned."""
+
+    def forward(self, logits: torch.Tensor, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        aux = F.cross_entropy(logits, y)
+        torch._dynamo.graph_break()
+        return aux + self.body(x).pow(2).mean()
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    return torch.randn(1024, 32), torch.randint(0, 16, (1024,))
+
+
+def test_fraction_infeasible_for_a_small_loss_graph_plans_it_at_its_minimum() -> None:
+    torch.manual_seed(0)
+    eager = BodyThenLoss()
+    opt = checkmate.optimize(copy.deepcopy(eager), 0.5, profile="cpu", time_limit=3)
+    x, y = _data()
+    with pytest.warns(BudgetWarning, match=r"graph 1 .* at the 50% asked") as caught:
+        loss = opt(x, y)
+        loss.backward()
+    eager(x, y).backward()
+    for p, q in zip(opt.parameters(), eager.parameters()):
+        assert p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad)
+
+    body, head = plans_of(opt)
+    # the body sets the step's peak and is planned at the fraction asked
+    assert body.asked_budget is None and body.recomputes > 0
+    assert body.result.budget == math.floor(0.5 * body.reference_peak)
+    # the loss graph is small and cannot be reduced to 50%: planned at more, recorded as such
+    assert 2 * head.reference_peak <= body.reference_peak
+    assert head.asked_budget == math.floor(0.5 * head.reference_peak)
+    assert head.asked_budget < head.result.budget <= head.reference_peak
+    for r in (body, head):
+        assert r.result.peak is not None and r.result.peak <= r.result.budget
+    assert "budget raised from" in head.summary() and "budget raised" not in body.summary()
+    message = str(caught[0].message)
+    assert format_bytes(head.result.budget) in message and format_bytes(head.asked_budget) in message
+
+    # the plans are reused: no new plan, no new warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt(x, y).backward()
+    assert len(plans_of(opt)) == 2
+
+
+def test_fraction_infeasible_for_a_graph_that_may_set_the_peak_still_raises() -> None:
+    torch.manual_seed(0)
+    opt = checkmate.optimize(LossThenBody(), 0.5, profile="cpu", time_limit=3)
+    x, y = _data()
+    logits = torch.randn(1024, 16, requires_grad=True)
+    with pytest.raises(InfeasibleBudgetError, match=r"50\.0% of the checkpoint-all peak"):
+        opt(logits, y, x).backward()
+    assert plans_of(opt) == []
