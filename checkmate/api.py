@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import random
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,7 +29,12 @@ from torch import nn
 from checkmate.runtime import Planner, PlanRecord
 from solvers.errors import CheckmateError, TraceError
 
-__all__ = ["optimize", "plans_of", "CheckmateState"]
+__all__ = ["optimize", "plans_of", "CheckmateState", "UnplannedWarning"]
+
+
+class UnplannedWarning(UserWarning):
+    """A training step ran with no captured graph planned: eagerly, with no memory bound."""
+
 
 _STATE = "_checkmate_state"
 _SUBCLASSES: dict[type, type] = {}
@@ -43,12 +49,14 @@ class CheckmateState:
         eager: the original forward, bound to the optimized module.
         compiled: ``eager`` under torch.compile with the planner.
         eager_keys: input signature -> True when its plans recompute and page nothing.
+        warned_unplanned: an :class:`UnplannedWarning` was issued (once per module).
     """
 
     planner: Planner
     eager: Callable[..., Any]
     compiled: Callable[..., Any]
     eager_keys: dict[tuple[Any, ...], bool] = field(default_factory=dict)
+    warned_unplanned: bool = False
 
 
 def optimize(
@@ -90,6 +98,10 @@ def optimize(
         plan: a plan file to use instead of the plan cache.
         options: strategy options.
         fullgraph: require one graph (a graph break raises :class:`TraceError`).
+
+    A training call that plans nothing (Dynamo captured no graph, e.g. ``nn.LSTM`` without
+    ``torch._dynamo.config.allow_rnn = True``) runs eagerly with no memory bound and issues
+    one :class:`UnplannedWarning` per module.
 
     Returns:
         A module of the same class sharing ``model``'s parameters and buffers.
@@ -143,7 +155,23 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if key not in state.eager_keys:
         fresh = state.planner.records[before:]
         state.eager_keys[key] = bool(fresh) and all(r.is_eager for r in fresh)
+    if not state.planner.records and not state.warned_unplanned and _needs_grad(out):
+        state.warned_unplanned = True
+        warnings.warn(
+            f"checkmate planned nothing for {type(self).__name__}: torch.compile captured no graph "
+            "with a backward (Dynamo ran the forward eagerly), so training steps run eagerly with no "
+            "memory bound. Dynamo skips nn.LSTM/GRU/RNN unless torch._dynamo.config.allow_rnn = "
+            "True; otherwise look for what makes it fall back (TORCH_LOGS=graph_breaks)",
+            UnplannedWarning,
+            stacklevel=4,  # _forward <- Module._call_impl <- Module.__call__ <- the caller
+        )
     return out
+
+
+def _needs_grad(out: object) -> bool:
+    """True when some tensor in ``out`` has a backward to run."""
+    leaves = torch.utils._pytree.tree_leaves(out)
+    return any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves)
 
 
 def _compiled_call(state: CheckmateState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -1,9 +1,11 @@
-"""``checkmate.optimize`` across graph breaks: fraction budgets per captured graph.
+"""``checkmate.optimize`` across graph breaks (fraction budgets per captured graph) and with
+nothing captured (a warning, once per module).
 
 A fraction budget applies to each captured graph's own keep-all peak. A loss split off by
 a graph break (Hugging Face models given ``labels``) is a graph whose largest op needs its
 whole peak: it is planned at its own minimum with a warning when it is at most half the
 step's largest graph, and the fraction still raises for a graph that may set the peak.
+A model Dynamo runs eagerly (``nn.LSTM``) plans nothing: its training step warns, once.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import checkmate
-from checkmate.api import plans_of
+from checkmate.api import UnplannedWarning, plans_of
 from checkmate.runtime import BudgetWarning
 from solvers.budget import format_bytes
 from solvers.errors import InfeasibleBudgetError
@@ -100,3 +102,63 @@ def test_fraction_infeasible_for_a_graph_that_may_set_the_peak_still_raises() ->
     with pytest.raises(InfeasibleBudgetError, match=r"50\.0% of the checkpoint-all peak"):
         opt(logits, y, x).backward()
     assert plans_of(opt) == []
+
+
+# ------------------------------------------------------------------ nothing captured
+
+
+class LSTMLM(nn.Module):
+    """Embedding -> LSTM -> linear head -> cross-entropy (Dynamo runs nn.LSTM eagerly)."""
+
+    def __init__(self, vocab: int = 32, d: int = 16) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.rnn = nn.LSTM(d, d, batch_first=True)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, idx: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        h, _ = self.rnn(self.emb(idx))
+        return F.cross_entropy(self.head(h).flatten(0, 1), target.flatten())
+
+
+def _unplanned(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, UnplannedWarning)]
+
+
+def test_a_step_with_nothing_planned_warns_once_per_module() -> None:
+    torch.manual_seed(0)
+    idx, target = torch.randint(0, 32, (4, 8)), torch.randint(0, 32, (4, 8))
+    opt = checkmate.optimize(LSTMLM(), 0.5, profile="cpu", time_limit=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            opt(idx, target).backward()
+        opt.eval()
+        with torch.no_grad():
+            opt(idx, target)
+    assert plans_of(opt) == []
+    messages = _unplanned(caught)
+    assert len(messages) == 1, messages
+    assert "LSTMLM" in messages[0] and "torch._dynamo.config.allow_rnn" in messages[0]
+    assert "no memory bound" in messages[0]
+    # once per module: another optimized copy warns on its own first step
+    other = checkmate.optimize(LSTMLM(), 0.5, profile="cpu", time_limit=3)
+    with pytest.warns(UnplannedWarning, match="allow_rnn"):
+        other(idx, target).backward()
+
+
+@pytest.mark.parametrize("budget", [1.0, 0.5])
+def test_a_planned_model_does_not_warn(budget: float) -> None:
+    torch.manual_seed(0)
+    opt = checkmate.optimize(BodyThenLoss().body, budget, profile="cpu", time_limit=3)  # one graph
+    x, _ = _data()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):  # at 1.0 the second step takes the eager fast path
+            opt(x).pow(2).mean().backward()
+    assert plans_of(opt), "nothing was planned"
+    assert _unplanned(caught) == []
+    if budget == 1.0:
+        assert all(r.is_eager for r in plans_of(opt))
+    else:
+        assert any(r.recomputes for r in plans_of(opt))
