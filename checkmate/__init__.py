@@ -24,6 +24,7 @@ from solvers.errors import (
 
 __all__ = [
     "BudgetError",
+    "BudgetWarning",
     "CheckmateError",
     "GraphError",
     "InfeasibleBudgetError",
@@ -31,6 +32,7 @@ __all__ = [
     "ScheduleError",
     "SolverError",
     "TraceError",
+    "UnplannedWarning",
     "__version__",
     "optimize",
     "plans_of",
@@ -38,7 +40,12 @@ __all__ = [
 
 #: torch-dependent names, imported on first use so that ``import checkmate`` (and the
 #: CLI's torch-free ``solve``) never imports torch
-_LAZY = {"optimize": "checkmate.api", "plans_of": "checkmate.api"}
+_LAZY = {
+    "optimize": "checkmate.api",
+    "plans_of": "checkmate.api",
+    "UnplannedWarning": "checkmate.api",
+    "BudgetWarning": "checkmate.runtime",
+}
 
 
 def __getattr__(name: str) -> Any:
