@@ -351,6 +351,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default="", help="results name (default: bench or quick)")
     ap.add_argument("--no-traced", action="store_true", help="skip the traced PyTorch models")
     ap.add_argument(
+        "--no-e2e",
+        action="store_true",
+        help="trace the models but skip the end-to-end step (run `python -m benchmarks.e2e` apart)",
+    )
+    ap.add_argument(
         "--tables-from",
         default="",
         help="comma-separated result CSVs: only rewrite README_tables.md from them (no solving)",
@@ -391,9 +396,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         traced_notes.append("not run (--only)")
     else:
         traced_paths, traced_notes = trace_models(RESULTS_DIR / "graphs")
-        print("end to end: checkmate.optimize on the traced models (python -m benchmarks.e2e)", flush=True)
-        e2e_rows, e2e_notes = run_e2e(RESULTS_DIR, time_limit)
-        traced_notes += [f"end to end {t}" for t in e2e_notes]
+        if args.no_e2e:
+            traced_notes.append("end to end not run (--no-e2e)")
+        else:
+            print(
+                "end to end: checkmate.optimize on the traced models (python -m benchmarks.e2e)", flush=True
+            )
+            e2e_rows, e2e_notes = run_e2e(RESULTS_DIR, time_limit)
+            traced_notes += [f"end to end {t}" for t in e2e_notes]
         paths += [p for p in traced_paths if not keys or any(k in p.stem.lower() for k in keys)]
     wanted = [s for s in args.strategies.split(",") if s] or list(STRATEGIES)
     strategies, notes = available_strategies(wanted)
