@@ -63,7 +63,7 @@ STRATEGIES = (
     "ilp",
     "cpsat",
 )
-SEARCHING = {"ilp", "lp-rounding", "cpsat", "auto"}
+SEARCHING = {"ilp", "lp-rounding", "cpsat", "gap-cover", "auto"}  # get the time limit
 CHECKMATE_GRAPHS = (
     "VGG16_b256_224x224",
     "VGG19_b256_224x224",
