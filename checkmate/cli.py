@@ -193,6 +193,7 @@ def solve(
     debug: bool,
 ) -> None:
     """Plan GRAPH (a saved graph JSON) under --budget and write the plan file."""
+    from solvers.api import closest_hint
     from solvers.api import solve as solve_graph
     from solvers.plan import write_plan
 
@@ -211,8 +212,13 @@ def solve(
     doc = report.result_doc(g, res, time_limit)
     report.echo_rows([*report.summary_rows(doc), ("wall", f"{wall:.2f} s")])
     if not res.ok:
-        why = "time limit reached without a schedule" if res.status == Status.NO_SOLUTION else str(res.status)
-        raise _NoPlan(f"no plan: {res.strategy} found no schedule within the budget ({why}); nothing written")
+        why = str(res.status)
+        if res.status == Status.NO_SOLUTION:
+            why = str(res.info.get("message") or "time limit reached without a schedule")
+        raise _NoPlan(
+            f"no plan: {res.strategy} found no schedule within the budget ({why}){closest_hint(res)}; "
+            "nothing written"
+        )
     write_plan(out, doc)
     report.kv("plan", f"{out} ({len(doc['schedule'])} steps)")
 

@@ -32,6 +32,7 @@ from checkmate.cache import cached_solve
 from checkmate.codegen import SplitModules, generate
 from checkmate.timing import ProfileWarning
 from checkmate.trace import JointGraph, build_graph, recompute_dropout_from_mask
+from solvers.api import closest_hint
 from solvers.budget import format_bytes, parse_budget
 from solvers.errors import InfeasibleBudgetError, SolverError
 from solvers.plan import atomic_write_text
@@ -195,8 +196,8 @@ class Planner:
                 )
             raise SolverError(
                 f"strategy {self.strategy!r} found no schedule within {res.budget:,} bytes for "
-                f"{jg.graph.summary()} ({res.status}); raise the budget, give it more time "
-                "(time_limit=...) or choose another strategy"
+                f"{jg.graph.summary()} ({res.status}){closest_hint(res)}; raise the budget, give it "
+                "more time (time_limit=...) or choose another strategy"
             )
         modules = generate(joint, jg, res.schedule)
         paged: tuple[str, ...] = ()

@@ -12,14 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from solvers.budget import Budget, parse_budget
+from solvers.budget import Budget, format_bytes, parse_budget
 from solvers.errors import InfeasibleBudgetError, SolverError
 from solvers.graph import Graph
 from solvers.result import SolveResult, Status
 from solvers.schedule import keep_all_peak, simulate, validate
 from solvers.strategies import get_strategy
 
-__all__ = ["solve", "resolve_budget", "memory_lower_bound"]
+__all__ = ["solve", "resolve_budget", "memory_lower_bound", "closest_hint"]
 
 
 def memory_lower_bound(graph: Graph) -> int:
@@ -103,3 +103,25 @@ def solve(
     else:
         sim = simulate(graph, res.schedule)
     return dataclasses.replace(res, cost=sim.cost, peak=sim.peak)
+
+
+def closest_hint(res: SolveResult) -> str:
+    """For a result without a schedule: the least peak an attempt over the budget reached,
+    as a clause to append to an error message (empty when no strategy returned one).
+
+    ``auto`` records it in ``info["closest_peak"]``; a single strategy that attaches its
+    least-peak attempt (``peak-greedy``) gives it as ``peak``. That schedule is valid for
+    any budget at or above its peak, so the clause names a budget that has a plan.
+    """
+    peak = res.info.get("closest_peak")
+    who = res.info.get("closest_strategy", res.strategy)
+    if peak is None and res.schedule is not None and not res.ok and res.peak is not None:
+        peak = res.peak if res.peak > res.budget else None
+    if peak is None:
+        return ""
+    ref = res.info.get("reference")
+    share = f", {peak / ref:.1%} of the checkpoint-all peak" if ref else ""
+    return (
+        f"; the closest schedule found ({who}) peaks at {format_bytes(peak)} "
+        f"({int(peak):,} bytes{share}), so a budget of at least that has a plan"
+    )

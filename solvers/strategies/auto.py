@@ -23,7 +23,7 @@ from typing import Any
 from solvers.errors import CheckmateError
 from solvers.graph import Graph
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
-from solvers.schedule import Schedule, validate
+from solvers.schedule import Schedule, simulate, validate
 
 __all__ = ["solve_auto"]
 
@@ -71,7 +71,9 @@ def solve_auto(
     Returns:
         A :class:`SolveResult` with ``strategy="auto"``; ``info["chosen"]`` names the
         strategy that produced the schedule, ``info["candidates"]`` maps each strategy
-        tried to its cost or status.
+        tried to its cost or status. Without a schedule, ``info["closest_peak"]`` (bytes)
+        and ``info["closest_strategy"]`` give the least peak of the attempts over the
+        budget, when a strategy returned one: a budget that has a plan.
     """
     from solvers.strategies import get_strategy
 
@@ -82,6 +84,8 @@ def solve_auto(
     best_cost = float("inf")
     lower = graph.total_cost  # every node runs at least once
     proven_infeasible: SolveResult | None = None
+    #: the least-peak schedule over the budget that any strategy reached: (peak, strategy)
+    closest: tuple[int, str] | None = None
 
     def left() -> float:
         return max(limit - (time.perf_counter() - start), 0.0)
@@ -99,7 +103,7 @@ def solve_auto(
             )
 
     def consider(name: str, res: SolveResult) -> None:
-        nonlocal best, best_cost, lower, proven_infeasible
+        nonlocal best, best_cost, lower, proven_infeasible, closest
         if res.lower_bound is not None:
             lower = max(lower, float(res.lower_bound))
         if res.status == Status.INFEASIBLE:
@@ -108,6 +112,13 @@ def solve_auto(
             return
         if not res.ok or res.schedule is None:
             candidates[name] = str(res.status)
+            if res.schedule is not None:  # an attempt over the budget: its replayed peak
+                try:
+                    peak = simulate(graph, res.schedule).peak
+                except CheckmateError:
+                    return
+                if peak > budget and (closest is None or peak < closest[0]):
+                    closest = (peak, name)
             return
         try:
             sim = validate(graph, res.schedule, budget)
@@ -161,7 +172,8 @@ def solve_auto(
             budget,
             lower_bound=lower,
             solve_seconds=time.perf_counter() - start,
-            info={"candidates": candidates},
+            info={"candidates": candidates}
+            | ({} if closest is None else {"closest_peak": closest[0], "closest_strategy": closest[1]}),
         )
     return _finish(best, candidates, lower, start, chosen=best.strategy)
 

@@ -320,3 +320,17 @@ def test_strategy_options_reach_the_strategy(graph_file: Path, tmp_path: Path) -
     assert not Path(str(out) + "2").exists()
     malformed = run("solve", str(graph_file), "-b", "0.6", "-s", "dtr", "-O", "heuristic", "-o", str(out))
     assert malformed.exit_code == 2 and "KEY=VALUE" in _one_line_error(malformed)
+
+
+@pytest.mark.skipif(not VGG16.exists(), reason=f"public graphs not found at {PUBLIC}")
+def test_no_plan_names_the_closest_schedules_peak(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    graph = PUBLIC / "random_layered_n100.json"
+    res = run("solve", str(graph), "--budget", "0.65", "-s", "peak-greedy", "-q", "-o", str(out))
+    assert res.exit_code == 1, res.output
+    line = res.stdout.strip().splitlines()[-1]
+    assert line.startswith("no plan: peak-greedy") and "over the budget" in line, line
+    assert (
+        "the closest schedule found (peak-greedy) peaks at" in line and "% of the checkpoint-all peak" in line
+    )
+    assert not out.exists()

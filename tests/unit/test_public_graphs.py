@@ -57,3 +57,24 @@ def test_warm_started_milp_keeps_the_rounded_incumbent() -> None:
     res = solve_ilp(g, budget, time_limit=LIMIT, warm_start=rounded.schedule)
     assert res.info["warm_start"] is True and res.status == Status.OPTIMAL
     assert res.cost is not None and rounded.cost is not None and res.cost <= rounded.cost
+
+
+def test_no_plan_names_the_closest_budget_that_has_one() -> None:
+    """Without a schedule, the least peak an attempt over the budget reached is reported,
+    and it is a budget at which that attempt is a valid plan."""
+    from solvers.api import closest_hint
+
+    g = public_graph("random_layered_n100.json")
+    res = solve(g, 0.65, "peak-greedy", raise_infeasible=False)
+    assert res.status == Status.NO_SOLUTION and res.schedule is not None and res.peak is not None
+    assert res.peak > res.budget
+    validate(g, res.schedule, res.peak)  # a plan at its own peak
+    hint = closest_hint(res)
+    assert f"{res.peak:,} bytes" in hint and "peak-greedy" in hint
+
+    auto = solve(g, 0.65, "auto", time_limit=2.0, milp_max_nodes=0, raise_infeasible=False)
+    assert auto.schedule is None
+    closest = auto.info["closest_peak"]
+    assert res.budget < closest <= res.peak  # peak-greedy's attempt, or a closer one
+    assert f"{closest:,} bytes" in closest_hint(auto)
+    assert closest_hint(solve(g, 1.0, "checkpoint-all")) == ""  # a plan: nothing to add
