@@ -20,6 +20,12 @@ def public_graph(name: str) -> Graph:
     return load_graph(path)
 
 
+def zoo_masked() -> Graph:
+    """A small traced joint graph (the zoo's masked model: 49 ops, 5 KiB tensors, every op
+    at the cpu profile's 5 us floor) where the heuristics find nothing at 0.9 of its peak."""
+    return load_graph(REPO / "tests" / "data" / "zoo_masked.json")
+
+
 def chain(n: int, *, cost: float = 1.0, mem: int = 1, training: bool = False) -> Graph:
     """A linear chain of n nodes; with ``training``, a mirrored backward chain of n more.
 

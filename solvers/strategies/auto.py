@@ -8,7 +8,9 @@
    schedule's cost and usually a near-optimal schedule.
 3. The Checkmate MILP, warm-started from the incumbent (so it always has one), for the
    rest of the time limit, skipped when the incumbent already meets the LP bound, and
-   above ``milp_max_nodes`` (LP rounding then gets all the time left).
+   above ``milp_max_nodes`` (LP rounding then gets all the time left). When nothing fits
+   yet, a third of that time first goes to the MILP without objective (the first
+   schedule within the budget), which then warm-starts it.
 
 Strategies that are not installed (optional dependencies) are skipped. The result names
 the strategy that produced the schedule (``info["chosen"]``) and every candidate's cost.
@@ -160,6 +162,10 @@ def solve_auto(
         run("lp-rounding", time_limit=left() * 0.5 if milp else left(), progress=progress)
     if proven_infeasible is not None and best is None:
         return _finish(proven_infeasible, candidates, lower, start, chosen=None)
+    if best is None and milp and left() > 3.0:
+        # nothing fits yet: a MILP without objective finds a first schedule several times
+        # sooner (tight budgets on small graphs), and the full MILP starts from it
+        run("ilp", label="ilp (feasibility)", time_limit=left() / 3, feasibility=True)
     if not done() and milp and left() > 1.0:
         warm: Schedule | None = best.schedule if best is not None else None
         run("ilp", time_limit=left(), warm_start=warm, progress=progress)

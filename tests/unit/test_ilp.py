@@ -35,7 +35,7 @@ from solvers.strategies.ilp import (
     solve_ilp,
     warm_start_vector,
 )
-from tests.graphs import chain
+from tests.graphs import chain, zoo_masked
 
 LIMIT = 30.0  # seconds per solve: every test passes a time limit
 
@@ -72,6 +72,31 @@ def test_training_chain_known_answers() -> None:
     sim = validate(g, sched(res), 3)
     assert sim.compute_counts.tolist() == [2, 1, 1, 1, 1, 1]
     assert res.lower_bound is not None and res.lower_bound <= 7 + 1e-6
+
+
+def test_feasibility_mode_stops_at_a_valid_schedule_without_a_bound() -> None:
+    g = training_chain3()
+    res = solve_ilp(g, 3, time_limit=LIMIT, feasibility=True)
+    assert res.status == Status.FEASIBLE and res.lower_bound is None and res.info["feasibility"]
+    sim = validate(g, sched(res), 3)
+    assert res.cost == sim.cost >= 7  # any schedule that fits; 7 is the optimum
+    assert solve_ilp(g, 2, time_limit=LIMIT, feasibility=True).status == Status.INFEASIBLE
+
+
+@pytest.mark.slow
+def test_auto_finds_a_plan_where_no_heuristic_fits() -> None:
+    """On the zoo's masked graph at 0.9 every heuristic misses (least peak 26,856 of 26,168
+    bytes); the objective-free MILP finds a schedule, and auto plans from it."""
+    g = zoo_masked()
+    budget = int(0.9 * keep_all_peak(g))
+    for name in ("peak-greedy", "gap-cover", "dtr", "chen-greedy"):
+        assert not get_strategy(name)(g, budget, time_limit=10).ok, name
+    res = solve_ilp(g, budget, time_limit=LIMIT, feasibility=True)
+    assert res.status == Status.FEASIBLE
+    validate(g, sched(res), budget)
+    auto = solve(g, budget, "auto", time_limit=LIMIT)
+    assert auto.ok and auto.info["candidates"]["ilp (feasibility)"] >= auto.cost - 1e-12
+    validate(g, auto.schedule, budget)
 
 
 def test_non_recomputable_nodes_change_the_answer() -> None:
