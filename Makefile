@@ -5,6 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 .PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-second-run bench-overhead clean
 
@@ -40,8 +41,9 @@ format: install
 	$(BIN)/ruff check --fix solvers checkmate tests examples benchmarks
 
 # The solver table on the public graphs and traced models (long: up to 60 s per instance).
+# Hours on 2 cores (60 s per search); `make bench BENCH_ARGS=--resume` goes on after an interrupt.
 bench: install
-	$(BIN)/python -m benchmarks.run
+	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 bench-quick: install
 	$(BIN)/python -m benchmarks.run --quick

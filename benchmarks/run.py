@@ -25,6 +25,7 @@ Usage::
     python -m benchmarks.run                  # everything (hours: up to 60 s per search)
     python -m benchmarks.run --quick          # a subset in under 5 minutes
     python -m benchmarks.run --only VGG16 --strategies cpsat,ilp --budgets 0.9,0.8
+    python -m benchmarks.run --resume         # after an interrupt: only the graphs not yet in bench.csv
 """
 
 from __future__ import annotations
@@ -356,6 +357,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="trace the models but skip the end-to-end step (run `python -m benchmarks.e2e` apart)",
     )
     ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the graphs <out>.csv already has in full (every budget x strategy asked), and the "
+        "traced graphs and e2e.csv already written; run only the rest (a run of hours survives a restart)",
+    )
+    ap.add_argument(
         "--tables-from",
         default="",
         help="comma-separated result CSVs: only rewrite README_tables.md from them (no solving)",
@@ -394,6 +401,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         traced_notes.append("not run (--no-traced or --quick)")
     elif keys and not any(k in "traced_gpt2_small traced_resnet50_like" for k in keys):
         traced_notes.append("not run (--only)")
+    elif args.resume and (kept := sorted((RESULTS_DIR / "graphs").glob("traced_*.json"))):
+        traced_paths = [p for p in kept if not keys or any(k in p.stem.lower() for k in keys)]
+        traced_notes.append(f"traced graphs kept from the run resumed: {', '.join(p.name for p in kept)}")
+        if (RESULTS_DIR / "e2e.csv").is_file():
+            from benchmarks import e2e
+
+            e2e_rows = e2e.read_csv(RESULTS_DIR / "e2e.csv")
+            traced_notes.append("end to end kept from e2e.csv")
+        paths += traced_paths
     else:
         traced_paths, traced_notes = trace_models(RESULTS_DIR / "graphs")
         if args.no_e2e:
@@ -416,10 +432,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for note in notes:
         print(f"  note: {note}", file=log)
     t0 = time.perf_counter()
-    rows: list[Row] = []
+    out_csv = RESULTS_DIR / f"{name}.csv"
+    rows: list[Row] = read_csv(out_csv) if args.resume and out_csv.is_file() else []
+    have = {(r.graph, round(r.budget_frac, 6), r.strategy) for r in rows}
     for p in paths:
+        if args.resume and all((p.stem, round(b, 6), s) in have for b in budgets for s in strategies):
+            print(f"  {p.stem}: kept from {out_csv.name} (--resume)", file=log, flush=True)
+            continue
+        rows = [r for r in rows if r.graph != p.stem]  # a graph cut short runs again in full
         rows.extend(bench_graph(p, budgets, strategies, time_limit, log))
-        write_csv(rows, RESULTS_DIR / f"{name}.csv")  # partial results survive an interrupt
+        write_csv(rows, out_csv)  # partial results survive an interrupt: --resume goes on from here
     notes += [f"traced models (GPT-2-small-like, ResNet-50-like): {t}" for t in traced_notes]
     write_csv(rows, RESULTS_DIR / f"{name}.csv")
     md = tables.markdown(rows, notes, time_limit, time.perf_counter() - t0, CHECKMATE_GRAPHS, e2e_rows)
