@@ -4,22 +4,23 @@ CP-SAT, run in a worker process when this process cannot load OR-Tools safely.
 Why a worker: the wheels of highspy (1.15) and OR-Tools (9.15) each bundle a different
 HiGHS build under the same shared-library name (``libhighs.so.1``). The dynamic loader keeps
 the first one a process loads, so whichever of the two packages is imported second fails
-with an undefined symbol. Unless OR-Tools is already loaded here, CP-SAT runs in one
-long-lived spawned worker (started on first use, about a second), which keeps highspy
-usable in this process for the MILP and LP rounding.
+with an undefined symbol. Unless OR-Tools is already loaded here, CP-SAT runs in a worker
+started as ``python -c "...; main()"`` (about a second; not multiprocessing, whose spawn
+would re-run the caller's ``__main__``: a training script without a ``__main__`` guard
+would train again in the worker), which keeps highspy usable in this process for the MILP
+and LP rounding. The worker reads (graph, budget, deadline, options) pickled on stdin and
+writes the pickled result on stdout; it is killed a little after the time limit.
 """
 
 from __future__ import annotations
 
-import atexit
 import importlib.util
-import multiprocessing as mp
 import os
+import pickle
+import subprocess
 import sys
-import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Any
 
 from solvers.errors import SolverError
@@ -33,43 +34,58 @@ if importlib.util.find_spec("ortools") is None:  # pragma: no cover - needs a ve
         name="ortools",
     )
 
-__all__ = ["solve_cpsat"]
+__all__ = ["solve_cpsat", "main"]
 
 _MODEL = "solvers.strategies.cpsat_model"
-_pool: ProcessPoolExecutor | None = None
-
-
-def _worker() -> ProcessPoolExecutor:
-    global _pool
-    if _pool is None:
-        _pool = ProcessPoolExecutor(
-            max_workers=1,
-            mp_context=mp.get_context("spawn"),
-            initializer=_watch_parent,
-            initargs=(os.getpid(),),
-        )
-        atexit.register(_pool.shutdown, wait=False, cancel_futures=True)
-    return _pool
-
-
-def _watch_parent(parent: int) -> None:
-    """In the worker: exit when the parent is gone. A parent that ends with ``os._exit``
-    (a forked multiprocessing child does) skips atexit and would leave the worker idle."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(0)
-
-    threading.Thread(target=watch, daemon=True, name="cpsat-parent-watch").start()
+_WORKER = "from solvers.strategies.cpsat import main; main()"
+#: seconds the worker gets beyond the time limit (start-up, model build, answer) before it is killed
+KILL_GRACE = 30.0
 
 
 def _in_worker(graph: Graph, budget: int, deadline: float | None, options: dict[str, Any]) -> SolveResult:
-    from solvers.strategies.cpsat_model import solve_in_process
+    """Solve in a fresh ``python -c`` worker; SolverError if it fails or outlives its grace."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # so the worker imports this very package
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    payload = pickle.dumps((graph, budget, deadline, options), protocol=pickle.HIGHEST_PROTOCOL)
+    timeout = None if deadline is None else max(deadline - time.time(), 0.0) + KILL_GRACE
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _WORKER], input=payload, capture_output=True, env=env, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        raise SolverError(
+            f"the CP-SAT worker outlived its time limit by {KILL_GRACE:.0f} s on {graph.name!r} and was killed"
+        ) from None
+    try:
+        kind, value = pickle.loads(proc.stdout)
+    except Exception:
+        tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or [
+            f"exit code {proc.returncode}"
+        ]
+        raise SolverError(f"the CP-SAT worker process died while solving {graph.name!r}: {tail[0]}") from None
+    if kind == "error":
+        raise SolverError(f"CP-SAT failed on {graph.name!r}: {value}")
+    assert isinstance(value, SolveResult)
+    return value
 
-    # the worker's start-up (first call) and the transfer count against the time limit
-    limit = None if deadline is None else max(0.5, deadline - time.time())
-    return solve_in_process(graph, budget, time_limit=limit, **options)
+
+def main() -> None:
+    """The worker: read (graph, budget, deadline, options) on stdin, write the result on stdout."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # solver logs to C stdout: keep them out of the answer
+    sys.stdout = sys.stderr
+    graph, budget, deadline, options = pickle.load(sys.stdin.buffer)
+    try:
+        from solvers.strategies.cpsat_model import solve_in_process
+
+        # the worker's start-up and the transfer count against the time limit
+        limit = None if deadline is None else max(0.5, deadline - time.time())
+        msg: tuple[str, Any] = ("result", solve_in_process(graph, budget, time_limit=limit, **options))
+    except BaseException as exc:  # the parent turns it into SolverError
+        msg = ("error", f"{type(exc).__name__}: {exc}")
+    pickle.dump(msg, out, protocol=pickle.HIGHEST_PROTOCOL)
+    out.close()
 
 
 def _heuristic_hint(graph: Graph, budget: int) -> Schedule | None:
@@ -121,10 +137,5 @@ def solve_cpsat(
 
         return solve_in_process(graph, budget, time_limit=time_limit, **options)
     options.pop("progress", None)  # a callback cannot cross the process boundary
-    global _pool
     deadline = None if time_limit is None else time.time() + time_limit  # wall clock: shared
-    try:
-        return _worker().submit(_in_worker, graph, budget, deadline, options).result()
-    except BrokenProcessPool as exc:
-        _pool = None
-        raise SolverError(f"the CP-SAT worker process died while solving {graph.name!r}: {exc}") from None
+    return _in_worker(graph, budget, deadline, options)

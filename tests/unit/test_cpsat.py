@@ -3,6 +3,9 @@ reaches the published VGG16 optimum, maps statuses and honours hints."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +20,7 @@ from solvers.result import SolveResult, Status
 from solvers.schedule import Schedule, keep_all_peak, schedule_from_order, validate
 from solvers.strategies import get_strategy
 from solvers.strategies.cpsat import solve_cpsat
+from tests.graphs import REPO
 
 from ._bruteforce import optimal_cost, random_dag
 
@@ -169,3 +173,22 @@ def test_restricted_infeasible_retries_without_backward_restriction() -> None:
     assert res.cost == pytest.approx(28.0)
     assert optimal_cost(g, 16, staged=True) == pytest.approx(28.0)
     validate(g, _steps(res), 16)
+
+
+def test_worker_does_not_rerun_an_unguarded_main_script(tmp_path: Path) -> None:
+    """A training script without ``if __name__ == "__main__"`` must run once: the worker is a
+    ``python -c`` process, not a multiprocessing spawn (which re-imports the caller's main)."""
+    marker = tmp_path / "runs.txt"
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from solvers import solve\n"
+        "from tests.graphs import chain\n"
+        f"open({str(marker)!r}, 'a').write('run\\n')\n"
+        "res = solve(chain(8, training=True), 0.7, 'cpsat', time_limit=10)\n"
+        "print(res.status)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] in ("optimal", "feasible"), proc.stdout
+    assert marker.read_text() == "run\n"
