@@ -78,3 +78,15 @@ def test_no_plan_names_the_closest_budget_that_has_one() -> None:
     assert res.budget < closest <= res.peak  # peak-greedy's attempt, or a closer one
     assert f"{closest:,} bytes" in closest_hint(auto)
     assert closest_hint(solve(g, 1.0, "checkpoint-all")) == ""  # a plan: nothing to add
+
+
+def test_auto_above_the_milp_size_improves_the_incumbent_with_cpsat() -> None:
+    pytest.importorskip("ortools")
+    g = public_graph("MobileNet_b512_224x224.json")
+    greedy = solve(g, 0.6, "peak-greedy")
+    res = solve(g, 0.6, "auto", time_limit=20.0, milp_max_nodes=100)
+    cands = res.info["candidates"]
+    assert "cpsat" in cands and "lp-rounding" not in cands and "ilp" not in cands, cands
+    assert res.ok and res.cost is not None and greedy.cost is not None
+    assert res.cost <= greedy.cost + 1e-9
+    validate(g, res.schedule, res.budget)
