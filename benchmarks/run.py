@@ -393,23 +393,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         budgets = tuple(float(b) for b in args.budgets.split(",") if b) or QUICK_BUDGETS
         time_limit = args.time_limit if args.time_limit is not None else QUICK_TIME_LIMIT
     keys = [k.lower() for k in args.only.split(",") if k]
-    if keys:
-        paths = [p for p in paths if any(k in p.stem.lower() for k in keys)]
+
+    def selected(p: Path) -> bool:
+        return not keys or any(k in p.stem.lower() for k in keys)
+
+    paths = [p for p in paths if selected(p)]
+    traced_paths: list[Path] = []
     traced_notes: list[str] = []
     e2e_rows: list[Any] = []
     if args.no_traced or args.quick:
         traced_notes.append("not run (--no-traced or --quick)")
     elif keys and not any(k in "traced_gpt2_small traced_resnet50_like" for k in keys):
         traced_notes.append("not run (--only)")
-    elif args.resume and (kept := sorted((RESULTS_DIR / "graphs").glob("traced_*.json"))):
-        traced_paths = [p for p in kept if not keys or any(k in p.stem.lower() for k in keys)]
-        traced_notes.append(f"traced graphs kept from the run resumed: {', '.join(p.name for p in kept)}")
+    elif args.resume and (traced_paths := sorted((RESULTS_DIR / "graphs").glob("traced_*.json"))):
+        traced_notes.append(
+            f"traced graphs kept from the run resumed: {', '.join(p.name for p in traced_paths)}"
+        )
         if (RESULTS_DIR / "e2e.csv").is_file():
             from benchmarks import e2e
 
             e2e_rows = e2e.read_csv(RESULTS_DIR / "e2e.csv")
             traced_notes.append("end to end kept from e2e.csv")
-        paths += traced_paths
     else:
         traced_paths, traced_notes = trace_models(RESULTS_DIR / "graphs")
         if args.no_e2e:
@@ -420,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             e2e_rows, e2e_notes = run_e2e(RESULTS_DIR, time_limit)
             traced_notes += [f"end to end {t}" for t in e2e_notes]
-        paths += [p for p in traced_paths if not keys or any(k in p.stem.lower() for k in keys)]
+    paths += [p for p in traced_paths if selected(p)]
     wanted = [s for s in args.strategies.split(",") if s] or list(STRATEGIES)
     strategies, notes = available_strategies(wanted)
     if not gdir.is_dir():
@@ -443,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.extend(bench_graph(p, budgets, strategies, time_limit, log))
         write_csv(rows, out_csv)  # partial results survive an interrupt: --resume goes on from here
     notes += [f"traced models (GPT-2-small-like, ResNet-50-like): {t}" for t in traced_notes]
-    write_csv(rows, RESULTS_DIR / f"{name}.csv")
+    write_csv(rows, out_csv)
     md = tables.markdown(rows, notes, time_limit, time.perf_counter() - t0, CHECKMATE_GRAPHS, e2e_rows)
     (RESULTS_DIR / ("README_tables.md" if name == "bench" else f"{name}_tables.md")).write_text(md)
     print(

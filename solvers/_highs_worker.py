@@ -18,7 +18,6 @@ stored (plans are JSON; this is a pipe between two copies of one program).
 from __future__ import annotations
 
 import dataclasses
-import os
 import pickle
 import queue
 import subprocess
@@ -26,11 +25,11 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
+from solvers._subprocess import claim_stdout, worker_command
 from solvers.errors import SolverError
 from solvers.highs import (
     FloatArray,
@@ -92,11 +91,9 @@ def _run(
     best_obj = None if best_x is None else float(problem.cost @ best_x) + problem.offset
     bound: float | None = None
     last_report = -np.inf
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])  # so the worker imports this very package
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    argv, env = worker_command(_WORKER)
     proc = subprocess.Popen(
-        [sys.executable, "-c", _WORKER],
+        argv,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=err,
@@ -187,9 +184,7 @@ def _tail(err: IO[bytes] | None, proc: subprocess.Popen[bytes]) -> str:
 
 def main() -> None:
     """The worker: read (problem, settings, interval) on stdin, stream messages on stdout."""
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # HiGHS logs to C stdout: keep it out of the message pipe
-    sys.stdout = sys.stderr
+    out = claim_stdout()  # HiGHS logs to C stdout: keep it out of the message pipe
     lock = threading.Lock()
 
     def send(*msg: Any) -> None:

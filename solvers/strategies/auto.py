@@ -159,7 +159,7 @@ def solve_auto(
         if done():
             break
     milp = graph.n <= milp_max_nodes
-    if not done() and left() > 0 and not milp and best is not None and _has_cpsat():
+    if not done() and left() > 0 and not milp and best is not None and _available("cpsat"):
         # above the MILP's size the LP rarely finishes (no bound, no better rounding on the
         # traced GPT-2/ResNet graphs and random_layered_n500 in make bench) while CP-SAT
         # started from the incumbent improves it (up to 0.6%): it gets the time
@@ -174,6 +174,8 @@ def solve_auto(
         # nothing fits yet: a MILP without objective finds a first schedule several times
         # sooner (tight budgets on small graphs), and the full MILP starts from it
         run("ilp", label="ilp (feasibility)", time_limit=left() / 3, feasibility=True)
+        if proven_infeasible is not None:  # the same model: no need to solve it again
+            return _finish(proven_infeasible, candidates, lower, start, chosen=None)
     if not done() and milp and left() > 1.0:
         warm: Schedule | None = best.schedule if best is not None else None
         run("ilp", time_limit=left(), warm_start=warm, progress=progress)
@@ -192,11 +194,15 @@ def solve_auto(
     return _finish(best, candidates, lower, start, chosen=best.strategy)
 
 
-def _has_cpsat() -> bool:
-    """Whether OR-Tools (the optional ``cpsat`` extra) is installed."""
-    import importlib.util
+def _available(name: str) -> bool:
+    """Whether strategy ``name`` can run here (its optional dependency is installed)."""
+    from solvers.strategies import get_strategy
 
-    return importlib.util.find_spec("ortools") is not None
+    try:
+        get_strategy(name)
+    except CheckmateError:
+        return False
+    return True
 
 
 def _finish(

@@ -5,9 +5,8 @@ Why a worker: the wheels of highspy (1.15) and OR-Tools (9.15) each bundle a dif
 HiGHS build under the same shared-library name (``libhighs.so.1``). The dynamic loader keeps
 the first one a process loads, so whichever of the two packages is imported second fails
 with an undefined symbol. Unless OR-Tools is already loaded here, CP-SAT runs in a worker
-started as ``python -c "...; main()"`` (about a second; not multiprocessing, whose spawn
-would re-run the caller's ``__main__``: a training script without a ``__main__`` guard
-would train again in the worker), which keeps highspy usable in this process for the MILP
+started as ``python -c "...; main()"`` (about a second; see :mod:`solvers._subprocess` for
+why not multiprocessing), which keeps highspy usable in this process for the MILP
 and LP rounding. The worker reads (graph, budget, deadline, options) pickled on stdin and
 writes the pickled result on stdout; it is killed a little after the time limit.
 """
@@ -15,14 +14,13 @@ writes the pickled result on stdout; it is killed a little after the time limit.
 from __future__ import annotations
 
 import importlib.util
-import os
 import pickle
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from solvers._subprocess import claim_stdout, worker_command
 from solvers.errors import SolverError
 from solvers.graph import Graph
 from solvers.result import SolveResult
@@ -44,15 +42,11 @@ KILL_GRACE = 30.0
 
 def _in_worker(graph: Graph, budget: int, deadline: float | None, options: dict[str, Any]) -> SolveResult:
     """Solve in a fresh ``python -c`` worker; SolverError if it fails or outlives its grace."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])  # so the worker imports this very package
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    argv, env = worker_command(_WORKER)
     payload = pickle.dumps((graph, budget, deadline, options), protocol=pickle.HIGHEST_PROTOCOL)
     timeout = None if deadline is None else max(deadline - time.time(), 0.0) + KILL_GRACE
     try:
-        proc = subprocess.run(
-            [sys.executable, "-c", _WORKER], input=payload, capture_output=True, env=env, timeout=timeout
-        )
+        proc = subprocess.run(argv, input=payload, capture_output=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise SolverError(
             f"the CP-SAT worker outlived its time limit by {KILL_GRACE:.0f} s on {graph.name!r} and was killed"
@@ -72,9 +66,7 @@ def _in_worker(graph: Graph, budget: int, deadline: float | None, options: dict[
 
 def main() -> None:
     """The worker: read (graph, budget, deadline, options) on stdin, write the result on stdout."""
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # solver logs to C stdout: keep them out of the answer
-    sys.stdout = sys.stderr
+    out = claim_stdout()
     graph, budget, deadline, options = pickle.load(sys.stdin.buffer)
     try:
         from solvers.strategies.cpsat_model import solve_in_process

@@ -97,6 +97,10 @@ def test_auto_finds_a_plan_where_no_heuristic_fits() -> None:
     auto = solve(g, budget, "auto", time_limit=LIMIT)
     assert auto.ok and auto.info["candidates"]["ilp (feasibility)"] >= auto.cost - 1e-12
     validate(g, auto.schedule, budget)
+    # at 0.6 the objective-free MILP proves the budget infeasible: the MILP does not run again
+    low = solve(g, 0.6, "auto", time_limit=LIMIT, raise_infeasible=False)
+    assert low.status == Status.INFEASIBLE
+    assert low.info["candidates"]["ilp (feasibility)"] == "infeasible" and "ilp" not in low.info["candidates"]
 
 
 def test_non_recomputable_nodes_change_the_answer() -> None:

@@ -1,0 +1,36 @@
+"""What the solver worker processes share (:mod:`solvers._highs_worker`, the CP-SAT worker of
+:mod:`solvers.strategies.cpsat`): how the parent starts one and how the worker answers.
+
+A worker is ``python -c "<code>"``, never a multiprocessing spawn: spawning re-runs the
+caller's ``__main__`` (a training script without a ``__main__`` guard would train again in
+the worker), and forking a process whose solver thread pools already run can deadlock.
+Messages are pickled on the worker's stdout, so solver logs written to C stdout must go
+elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import IO
+
+__all__ = ["worker_command", "claim_stdout"]
+
+
+def worker_command(code: str) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that run ``code`` in a fresh interpreter importing this
+    very ``solvers`` package (first on ``PYTHONPATH``, whatever the caller's working directory)."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return [sys.executable, "-c", code], env
+
+
+def claim_stdout() -> IO[bytes]:
+    """In a worker: the message pipe (the process's stdout, as a binary file), with C-level and
+    Python stdout redirected to stderr so solver logs cannot corrupt the messages."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return out
