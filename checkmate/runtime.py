@@ -250,7 +250,7 @@ class Planner:
             return run(self.budget), None
         except InfeasibleBudgetError as exc:
             fraction = parse_budget(self.budget).fraction
-            ref = keep_all_peak(graph)
+            ref = exc.reference or keep_all_peak(graph)
             largest = max((self.records[i].reference_peak for i in self.steps.get(self.step, [])), default=0)
             if fraction is None or 2 * ref > largest:
                 raise
