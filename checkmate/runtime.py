@@ -30,6 +30,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from checkmate.cache import cached_solve
 from checkmate.codegen import SplitModules, generate
+from checkmate.ops import is_mutation, is_random
 from checkmate.timing import ProfileWarning
 from checkmate.trace import JointGraph, build_graph, recompute_dropout_from_mask
 from solvers.api import closest_hint
@@ -331,9 +332,7 @@ def _scratch_bytes(node: fx.Node) -> int:
     ``<cache dir>/scratch/<device tag>.json`` (memory only with ``CHECKMATE_CACHE=0``);
     :func:`_flush_scratch` writes the new ones."""
     target = node.target
-    if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
-        return 0
-    if torch.Tag.nondeterministic_seeded in target.tags:
+    if not isinstance(target, torch._ops.OpOverload) or is_mutation(target) or is_random(target):
         return 0
     vals = fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
     key = repr((node.target, torch.utils._pytree.tree_map(_describe, vals)))

@@ -37,6 +37,7 @@ import torch.fx
 
 from checkmate.cache import cache_dir, cache_enabled
 from checkmate.flops import flat_tensors
+from checkmate.ops import is_mutation, is_view
 from solvers.plan import atomic_write_text
 
 __all__ = [
@@ -66,14 +67,6 @@ class ProfileWarning(UserWarning):
 # --- which nodes cost nothing ----------------------------------------------------------
 
 
-def _is_view_op(target: Any) -> bool:
-    schema = getattr(target, "_schema", None)
-    if schema is None or not schema.returns:
-        return False
-    infos = [r.alias_info for r in schema.returns]
-    return all(info is not None and not info.is_write for info in infos)
-
-
 _FREE_TARGETS = {operator.getitem, torch.ops.aten._unsafe_view.default}
 
 
@@ -85,7 +78,7 @@ def is_free(node: torch.fx.Node) -> bool:
     if node.op != "call_function":
         return False
     target = node.target
-    if target in _FREE_TARGETS or _is_view_op(target):
+    if target in _FREE_TARGETS or is_view(target):
         return True
     if not isinstance(target, torch._ops.OpOverload | torch._ops.HigherOrderOperator):
         return True  # python builtins on SymInts (operator.mul, ...)
@@ -194,13 +187,6 @@ class _Pool:
         span = 1 + sum((s - 1) * abs(st) for s, st in zip(shape, stride))
         view = self.buffer(fake.dtype, span).as_strided(shape, stride, 0)
         return view.clone() if own else view
-
-
-def _mutates(target: Any) -> bool:
-    schema = getattr(target, "_schema", None)
-    return schema is not None and any(
-        a.alias_info is not None and a.alias_info.is_write for a in schema.arguments
-    )
 
 
 def _materialize(value: Any, gm: torch.fx.GraphModule, pool: _Pool, own: bool) -> Any:
@@ -405,7 +391,7 @@ def measure_ops(
 def _measure_node(gm: torch.fx.GraphModule, node: torch.fx.Node, pool: _Pool) -> float:
     target = node.target
     assert callable(target)
-    own = _mutates(target)
+    own = is_mutation(target)
     args = _materialize(tuple(node.args), gm, pool, own)
     kwargs = {k: _materialize(v, gm, pool, own) for k, v in node.kwargs.items()}
     return time_callable(lambda: target(*args, **kwargs), pool.device)

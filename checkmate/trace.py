@@ -50,6 +50,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from checkmate.ops import is_mutation, is_random, is_view_node, writes_input
 from solvers.errors import TraceError
 from solvers.graph import Graph
 
@@ -61,12 +62,6 @@ SINK = "__outputs__"
 WORKSPACE = ".workspace"
 
 #: ops that alias their first input although their schema does not say so
-_EXTRA_VIEWS = {
-    torch.ops.aten._unsafe_view.default,
-    torch.ops.aten.alias.default,
-    torch.ops.aten.detach.default,
-    torch.ops.aten.lift_fresh.default,
-}
 
 
 @dataclass(frozen=True)
@@ -150,31 +145,8 @@ def _position(gm: fx.GraphModule, node: fx.Node) -> int:
 
 
 def is_view_op(node: fx.Node) -> bool:
-    """True when ``node`` returns an alias of its first tensor input (no new storage)."""
-    if node.op != "call_function":
-        return False
-    target = node.target
-    if target in _EXTRA_VIEWS:
-        return True
-    schema = getattr(target, "_schema", None)
-    if schema is None or not schema.returns:
-        return False
-    info = schema.returns[0].alias_info
-    return info is not None and not info.is_write
-
-
-def _is_mutation(node: fx.Node) -> bool:
-    schema = getattr(node.target, "_schema", None)
-    return schema is not None and bool(schema.is_mutable)
-
-
-def _writes_input(node: fx.Node) -> bool:
-    """In-place ops return the input they wrote: they allocate nothing."""
-    schema = getattr(node.target, "_schema", None)
-    if schema is None or not schema.returns:
-        return False
-    info = schema.returns[0].alias_info
-    return info is not None and info.is_write
+    """True when ``node`` returns an alias of its tensor inputs (no new storage)."""
+    return is_view_node(node)
 
 
 def _mutated_inputs(placeholders: Sequence[fx.Node], out_node: fx.Node) -> set[fx.Node]:
@@ -326,7 +298,7 @@ def _accumulates_into(
             continue
         xv = x.meta.get("val")
         if (
-            not _writes_input(x)
+            not writes_input(x.target)
             and isinstance(xv, torch.Tensor)
             and xv.shape == val.shape
             and xv.stride() == val.stride()
@@ -355,11 +327,6 @@ def _root(node: fx.Node, base: dict[fx.Node, fx.Node | None]) -> fx.Node:
             break
         node = first
     return node
-
-
-def _is_random(node: fx.Node) -> bool:
-    tags = getattr(node.target, "tags", ())
-    return torch.Tag.nondeterministic_seeded in tags
 
 
 def _tensor_bytes(val: object) -> int:
@@ -485,9 +452,13 @@ def build_graph(
         o
         for o in owners
         if o not in backward
-        and (_is_mutation(call_of.get(o, o)) or _is_random(call_of.get(o, o)) or o in reads_mutated)
+        and (
+            is_mutation(call_of.get(o, o).target) or is_random(call_of.get(o, o).target) or o in reads_mutated
+        )
     }
-    mem = {o: 0 if _writes_input(call_of.get(o, o)) else _tensor_bytes(o.meta.get("val")) for o in owners}
+    mem = {
+        o: 0 if writes_input(call_of.get(o, o).target) else _tensor_bytes(o.meta.get("val")) for o in owners
+    }
     sunk = _backward_only(owners, inputs, backward, once | held_owners | set(call_of), mem)
     late = sunk | _deferrable(owners, inputs, backward, once | set(call_of), mem)
 
@@ -510,8 +481,8 @@ def build_graph(
         op = call_of.get(o, o)
         fixed = (
             o.op == "placeholder"
-            or _is_mutation(op)
-            or _is_random(op)
+            or is_mutation(op.target)
+            or is_random(op.target)
             or gid[o] in held
             or o in reads_mutated
         )

@@ -1,0 +1,61 @@
+"""What an aten op does to memory, read from its schema: the predicates every stage shares.
+
+Tracing (which nodes become graph nodes), timing (which nodes cost nothing), scratch
+measurement and codegen (which nodes must never run outside the step) all ask the same
+questions of an op; they are answered here once, from the op's schema and tags.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+__all__ = ["is_view", "is_view_node", "writes_input", "is_mutation", "is_random"]
+
+#: ops that return an alias of their input (or take no new storage) whose schema does not say so
+_EXTRA_VIEWS = {
+    torch.ops.aten._unsafe_view.default,
+    torch.ops.aten.alias.default,
+    torch.ops.aten.detach.default,
+    torch.ops.aten.lift_fresh.default,
+}
+
+
+def is_view(target: Any) -> bool:
+    """True when the op returns aliases of its inputs without writing them (no new storage)."""
+    if target in _EXTRA_VIEWS:
+        return True
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    infos = [r.alias_info for r in schema.returns]
+    return all(info is not None and not info.is_write for info in infos)
+
+
+def is_view_node(node: fx.Node) -> bool:
+    """:func:`is_view` of a ``call_function`` node (other nodes are not views)."""
+    return node.op == "call_function" and is_view(node.target)
+
+
+def writes_input(target: Any) -> bool:
+    """In-place ops return the input they wrote: they allocate nothing."""
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    info = schema.returns[0].alias_info
+    return info is not None and info.is_write
+
+
+def is_mutation(target: Any) -> bool:
+    """True when the op writes one of its arguments (BatchNorm statistics, ``add_``, ``copy_``):
+    it must run exactly once per step, never as a recompute or outside the step."""
+    schema = getattr(target, "_schema", None)
+    return schema is not None and bool(schema.is_mutable)
+
+
+def is_random(target: Any) -> bool:
+    """True for ops whose output depends on the RNG state (dropout's ``bernoulli``, ``rand``):
+    recomputing them would draw fresh randomness."""
+    return torch.Tag.nondeterministic_seeded in getattr(target, "tags", ())
