@@ -22,6 +22,7 @@ Comp. 2018; the MIP solver is branch-and-cut with primal heuristics.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -237,6 +238,24 @@ def solve(
     return solve_here(problem, settings, progress, progress_interval)
 
 
+def _new_highs(log: bool) -> Any:
+    """A ``highspy.Highs``; without ``log`` its copyright banner, which the constructor
+    prints to the C-level stdout before any option can silence it, goes to /dev/null."""
+    import highspy
+
+    if log:
+        return highspy.Highs()
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def solve_here(
     problem: HighsProblem,
     settings: _Settings,
@@ -248,7 +267,7 @@ def solve_here(
     each improving MIP solution. Internal: callers use :func:`solve`."""
     import highspy
 
-    h = highspy.Highs()
+    h = _new_highs(settings.log)
     t0 = time.perf_counter()
     callback_error: list[BaseException] = []
     try:
