@@ -7,7 +7,7 @@ TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-second-run bench-overhead clean
+.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-second-run bench-overhead bench-budget clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -59,6 +59,10 @@ bench-peers-full: install
 # Step time of checkmate against eager at budgets 1.0 and 0.5 (issue 3's overhead target; ~20 s).
 bench-overhead: install
 	$(BIN)/python -m benchmarks.overhead
+
+# Calls and seconds a budget costs: 5 models at 0.5, 0.7 and bytes, retrying at exc.minimum (~15 min).
+bench-budget: install
+	$(BIN)/python -m benchmarks.budget_calls $(BENCH_ARGS)
 
 # A second process making the same optimize() call hits the plan cache.
 bench-second-run: install
