@@ -30,6 +30,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from checkmate.cache import cached_solve
 from checkmate.codegen import SplitModules, generate
+from checkmate.distributed import ddp_reserve, plan_once
 from checkmate.ops import is_mutation, is_random
 from checkmate.timing import ProfileWarning
 from checkmate.trace import JointGraph, build_graph, recompute_dropout_from_mask
@@ -236,15 +237,22 @@ class Planner:
         :meth:`partition`), the bytes asked."""
         graph = jg.graph
 
+        reserve = ddp_reserve()  # DDP's gradient buckets live beside the step
+
         def run(budget: object) -> SolveResult:
-            return cached_solve(
+            nbytes = parse_budget(budget).resolve(keep_all_peak(graph)) - reserve
+            return plan_once(
                 graph,
-                budget,
-                self.strategy,
-                time_limit=self.time_limit,
-                options=self.options,
-                profile_id=profile_id,
-                plan_path=self.plan_path,
+                nbytes,
+                lambda: cached_solve(
+                    graph,
+                    max(nbytes, 1),
+                    self.strategy,
+                    time_limit=self.time_limit,
+                    options=self.options,
+                    profile_id=profile_id,
+                    plan_path=self.plan_path,
+                ),
             )
 
         try:

@@ -1,0 +1,138 @@
+"""Planning under ``torch.distributed``: one plan for all ranks, and what DDP adds to a step.
+
+Ranks of a data-parallel job trace the same graph. Planning it on every rank wastes the
+time limit N times over, and a strategy that is not deterministic (a solver stopped by
+its time limit) could hand ranks different schedules. So rank 0 plans and broadcasts the
+plan document (the same JSON a plan file holds); every other rank rebuilds the schedule
+for its own graph, re-validates it with the simulator, and all ranks compare the plan's
+checksum before running it. Every rank must compile the same graphs in the same order (as
+DDP training does): the broadcast is a collective.
+
+DDP all-reduces gradients through buckets: a flat copy of the gradients that lives during
+the backward, outside the traced graph. :func:`ddp_reserve` is the bytes the planner must
+leave for it, from the parameters of the module DDP is running.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from solvers.api import closest_hint
+from solvers.errors import CheckmateError, PlanError
+from solvers.graph import Graph
+from solvers.plan import graph_fingerprint, plan_from_dict, plan_to_dict
+from solvers.result import SolveResult, Status
+from solvers.schedule import Schedule, validate
+
+__all__ = ["rank_and_world", "active_ddp_module", "ddp_reserve", "plan_hash", "plan_once"]
+
+
+def rank_and_world() -> tuple[int, int]:
+    """``(rank, world size)`` of the default process group, ``(0, 1)`` without one."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def active_ddp_module() -> torch.nn.Module | None:
+    """The ``DistributedDataParallel`` module whose forward is running, if any (DDP sets
+    it for the duration of its forward)."""
+    if not torch.distributed.is_available():
+        return None
+    from torch.nn.parallel import DistributedDataParallel
+
+    return getattr(DistributedDataParallel, "_active_ddp_module", None)
+
+
+def ddp_reserve(module: torch.nn.Module | None = None) -> int:
+    """Bytes DDP holds during a step beyond the traced graph: its gradient buckets, one
+    copy of every gradient it reduces. 0 outside a DDP forward."""
+    ddp = module if module is not None else active_ddp_module()
+    if ddp is None:
+        return 0
+    return sum(p.numel() * p.element_size() for p in ddp.parameters() if p.requires_grad)
+
+
+def plan_hash(graph: Graph, schedule: Schedule) -> str:
+    """sha256 of the graph's fingerprint and the schedule's steps: equal on two ranks
+    exactly when they run the same plan on the same graph."""
+    h = hashlib.sha256(graph_fingerprint(graph).encode())
+    h.update(repr(schedule.steps).encode())
+    return h.hexdigest()
+
+
+def plan_once(graph: Graph, budget_bytes: int, solve: Callable[[], SolveResult]) -> SolveResult:
+    """``solve()`` on rank 0, its plan on every rank.
+
+    Without a process group (or with one rank) this is ``solve()``. Otherwise rank 0
+    solves and broadcasts the plan document (or its error); the other ranks rebuild the
+    schedule for ``graph``, re-validate it within ``budget_bytes``, and every rank checks
+    that all hold the same plan checksum.
+
+    Raises:
+        PlanError: a rank's graph differs from rank 0's, or the ranks' plans differ.
+        CheckmateError: rank 0 could not plan (its error, re-raised on every rank).
+    """
+    rank, world = rank_and_world()
+    if world == 1:
+        return solve()
+    # the partitioner runs under AOTAutograd's fake mode: the collectives need real tensors
+    with unset_fake_temporarily():
+        return _plan_once(graph, budget_bytes, solve, rank, world)
+
+
+def _plan_once(
+    graph: Graph, budget_bytes: int, solve: Callable[[], SolveResult], rank: int, world: int
+) -> SolveResult:
+    dist = torch.distributed
+    message: list[Any] = [None]
+    result: SolveResult | None = None
+    if rank == 0:
+        try:
+            result = solve()
+            if not result.ok or result.schedule is None:
+                message[0] = ("none", f"{result.status}{closest_hint(result)}")
+            else:
+                message[0] = ("plan", plan_to_dict(graph, result))
+        except CheckmateError as exc:
+            message[0] = ("error", (type(exc).__name__, str(exc)))
+            dist.broadcast_object_list(message, src=0)
+            raise
+    dist.broadcast_object_list(message, src=0)
+    kind, payload = message[0]
+    if kind == "error":
+        name, text = payload
+        raise CheckmateError(f"rank 0 could not plan this graph ({name}): {text}")
+    if rank != 0:
+        if kind == "none":
+            raise CheckmateError(f"rank 0 found no plan for this graph within its budget ({payload})")
+        plan = plan_from_dict(payload, graph)  # PlanError when rank 0 traced another graph
+        sim = validate(graph, plan.schedule, budget_bytes)
+        doc = plan.doc
+        lower = doc.get("lower_bound")
+        result = SolveResult(
+            strategy=str(doc["strategy"]),
+            status=Status(str(doc["status"])),
+            budget=budget_bytes,
+            schedule=plan.schedule,
+            cost=sim.cost,
+            peak=sim.peak,
+            lower_bound=None if lower is None else float(lower),
+            info={**dict(doc.get("info") or {}), "cache": "rank 0"},
+        )
+    assert result is not None
+    assert result.schedule is not None
+    sums: list[Any] = [None] * world
+    dist.all_gather_object(sums, plan_hash(graph, result.schedule))
+    if len(set(sums)) != 1:
+        raise PlanError(
+            f"ranks hold different plans for one graph (checksums {sorted(set(sums))}): their graphs "
+            "differ; make every rank trace the same model with the same input shapes"
+        )
+    return result
