@@ -43,7 +43,7 @@ class _NoPlan(Exception):
 
 # ---------------------------------------------------------------- error handling
 def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    click.echo(message, err=True)
+    click.echo(" ".join(message.split()), err=True)  # one line, whatever the message holds
     raise SystemExit(code)
 
 
