@@ -117,7 +117,9 @@ class Graph:
                 f"the node sizes sum to {total_mem:,} bytes: the total must be below 2**62 = "
                 f"{MAX_TOTAL_BYTES:,} bytes (4 EiB)"
             )
-        if not math.isfinite(math.fsum(node.cost for node in self.nodes)):
+        with np.errstate(over="ignore"):
+            finite_total = bool(np.isfinite(self.cost.sum()))  # total_cost, as every layer sums it
+        if not finite_total:
             raise GraphError("the node costs sum to more than a float can hold: rescale the costs")
         seen: set[tuple[int, int]] = set()
         for u, v in self.edges:
