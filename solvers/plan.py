@@ -183,8 +183,9 @@ def read_plan(path: str | os.PathLike[str], graph: Graph | None = None) -> Plan:
     """Read a plan file; with ``graph``, map its node ids and check the fingerprint.
 
     Raises:
-        PlanError: unreadable, truncated, not a plan, unknown version, or made for
-            another graph.
+        PlanError: unreadable (not JSON text, nested too deeply), truncated, not a plan,
+            unknown version, a field of the wrong type (see ``_FIELD_KINDS``), a malformed
+            schedule step, or made for another graph. No other exception escapes.
     """
     p = Path(path)
     return plan_from_dict(_load_json(p), graph, path=p)
@@ -194,7 +195,8 @@ def read_plan_document(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and check a plan file without a graph (node ids stay as written).
 
     Raises:
-        PlanError: unreadable, truncated, not a plan, unknown version, or edited by hand.
+        PlanError: unreadable, truncated, not a plan, unknown version, a field of the
+            wrong type, a malformed schedule step, or edited by hand.
     """
     p = Path(path)
     doc = _load_json(p)
@@ -243,7 +245,7 @@ _FIELD_KINDS: dict[str, tuple[str, bool]] = {
     "graph_fingerprint": ("str", True),
     "cost_fingerprint": ("str", True),
     "library_version": ("str", True),
-    "info": ("dict", True),
+    "info": ("dict", False),  # absent or an object: readers do doc.get("info", {})
     "decisions": ("list", True),
     "stages": ("dict", True),
     "profile_id": ("str", True),

@@ -6,7 +6,8 @@ and never 3 ("internal error"). One test per known case, then a hypothesis fuzz 
 graph and plan documents (types, NaN/inf, huge numbers, ids, nesting, truncation, bytes).
 
 The fuzz runs ``FUZZ_EXAMPLES`` cases per document kind (default 1500; set the environment
-variable ``CHECKMATE_FUZZ_EXAMPLES`` for a longer run), derandomized so CI is deterministic.
+variable ``CHECKMATE_FUZZ_EXAMPLES`` for a longer run), derandomized so CI is deterministic
+(``CHECKMATE_FUZZ_RANDOM=1`` draws fresh cases instead).
 """
 
 from __future__ import annotations
@@ -241,7 +242,7 @@ def _varied(n: int = 6) -> Graph:
 
 
 def _exact_strategies() -> list[str]:
-    names = ["ilp", "lp-rounding"]
+    names = ["ilp", "lp-rounding", "poet"]
     try:
         get_strategy("cpsat")
         names.append("cpsat")
@@ -253,11 +254,17 @@ def _exact_strategies() -> list[str]:
 @pytest.mark.parametrize("strategy", _exact_strategies())
 def test_costs_beyond_the_span_are_rejected_by_the_exact_models(strategy: str) -> None:
     g = _with_costs(_varied(), {3: 1e30})
-    with pytest.raises(
-        CheckmateError, match=r"node 3 \('f3'\) costs 1e\+30.*within a ratio of 1e\+09"
-    ) as info:
+    with pytest.raises(GraphError, match=r"node 3 \('f3'\) costs 1e\+30.*within a ratio of 1e\+09"):
         solve(g, 0.6, strategy, time_limit=20)
-    assert isinstance(info.value, GraphError) or "GraphError" in str(info.value)
+
+
+def test_costs_beyond_the_span_exit_2_from_the_cli(tmp_path: Path) -> None:
+    path = tmp_path / "g.json"
+    save_graph(_with_costs(_varied(), {3: 1e30}), path)
+    out = tmp_path / "p.json"
+    err = _one_line_exit_2(run("solve", str(path), "-b", "0.6", "-s", "ilp", "-o", str(out), "-q"))
+    assert "node 3 ('f3') costs 1e+30" in err and "within a ratio of 1e+09" in err
+    assert not out.exists()
 
 
 def test_costs_at_the_span_limit_are_taken() -> None:
@@ -281,9 +288,12 @@ def test_auto_plans_a_graph_whose_costs_span_too_much(big: float, fraction: floa
         assert errors and all("within a ratio of 1e+09" in e for e in errors)
 
 
-@pytest.mark.parametrize("strategy", _exact_strategies())
+@pytest.mark.parametrize("strategy", [s for s in _exact_strategies() if s != "poet"])
 def test_uniformly_scaled_costs_give_identical_plans(strategy: str) -> None:
-    """Costs x 2**100 (the largest ~2.5e30) give the same model, so the same plan, as costs x 1."""
+    """Costs x 2**100 (the largest ~2.5e30) give the same model, so the same plan, as costs x 1.
+
+    (Not POET: its transfer times do not scale with the costs, so the trade-off changes.)
+    """
     g = _varied(5)
     big = _with_costs(g, factor=2.0**100)
     assert max(nd.cost for nd in big.nodes) > 1e30
@@ -353,6 +363,7 @@ PLAN_CASES: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
     "cost true": (lambda d: d.update(cost=True), "'cost' must be a number or null"),
     "peak a dict": (lambda d: d.update(peak_memory={}), "'peak_memory' must be"),
     "info a list": (lambda d: d.update(info=[1]), "'info' must be a JSON object"),
+    "info null": (lambda d: d.update(info=None), "'info' must be a JSON object"),
     "schedule a dict": (lambda d: d.update(schedule={}), "'schedule' must be a list"),
     "step not a pair": (lambda d: d["schedule"].append(["compute"]), "schedule step"),
     "step unknown op": (lambda d: d["schedule"].insert(0, ["explode", 0]), "schedule step 0"),
@@ -562,7 +573,7 @@ def _use_graph(g: Graph) -> None:
 _FUZZ = settings(
     max_examples=FUZZ_EXAMPLES,
     deadline=None,
-    derandomize=True,
+    derandomize=not os.environ.get("CHECKMATE_FUZZ_RANDOM"),  # deterministic in CI
     database=None,
     suppress_health_check=list(HealthCheck),
 )
