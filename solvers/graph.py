@@ -157,9 +157,15 @@ class Graph:
             meta: free-form metadata carried along.
 
         Raises:
-            GraphError: duplicate ids, dangling edges, self-loops or a cycle.
+            GraphError: a node without a string or integer ``key``, a cost that is not a
+                finite number >= 0, a size that is not a whole number of bytes in
+                ``[0, MAX_NODE_BYTES)``, sizes summing to ``MAX_TOTAL_BYTES`` or more,
+                duplicate ids, dangling edges, self-loops or a cycle.
         """
-        keys = [nd["key"] for nd in nodes]
+        try:
+            keys = [nd["key"] for nd in nodes]
+        except (KeyError, TypeError, IndexError):
+            raise GraphError("every node must be a mapping with a 'key' (its id)") from None
         index: dict[Hashable, int] = {}
         for pos, k in enumerate(keys):
             if not isinstance(k, Hashable) or (isinstance(k, float) and not math.isfinite(k)):

@@ -215,6 +215,32 @@ def test_limits_are_inclusive_where_documented() -> None:
     assert Graph.build([{"key": "a", "cost": 1, "mem": 8.0}], []).nodes[0].mem == 8  # 8.0 is whole
 
 
+@pytest.mark.parametrize(
+    ("nodes", "edges", "match"),
+    [
+        ([{"cost": 1, "mem": 1}], [], "'key'"),
+        ([7], [], "'key'"),
+        ([{"key": [1], "cost": 1, "mem": 1}], [], "ids must be strings or integers"),
+        ([{"key": math.nan, "cost": 1, "mem": 1}], [], "ids must be strings or integers"),
+        ([{"key": "a", "cost": 1, "mem": 1}], [(["a"], "a")], "string or integer ids"),
+        ([{"key": "a", "cost": math.nan, "mem": 1}], [], "finite"),
+        ([{"key": "a", "cost": "1", "mem": 1}], [], "costs must be numbers"),
+        ([{"key": "a", "cost": 1, "mem": None}], [], "sizes must be integers"),
+        ([{"key": "a", "cost": 1, "mem": math.inf}], [], "whole numbers"),
+        ([{"key": "a", "cost": 1, "mem": 1e30}], [], "below 2**53"),
+        ([{"key": "a", "cost": 1, "mem": 1}], [], None),
+    ],
+)
+def test_graph_build_from_python_raises_graph_error(nodes: Any, edges: Any, match: str | None) -> None:
+    if match is None:
+        assert Graph.build(nodes, edges).n == 1
+        with pytest.raises(GraphError, match="order must be a list of node ids"):
+            Graph.build(nodes, edges, order=[["a"]])
+        return
+    with pytest.raises(GraphError, match=_re(match)):
+        Graph.build(nodes, edges)
+
+
 def test_cost_sum_beyond_float_is_rejected() -> None:
     nodes = [{"key": i, "cost": 1e308, "mem": 1} for i in range(3)]
     with pytest.raises(GraphError, match="costs sum"):
