@@ -43,7 +43,7 @@ class _NoPlan(Exception):
 
 # ---------------------------------------------------------------- error handling
 def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    click.echo(message, err=True)
+    click.echo(" ".join(message.split()), err=True)  # one line, whatever the message holds
     raise SystemExit(code)
 
 
@@ -100,6 +100,14 @@ def _check_writable(path: Path) -> None:
         _fail(f"error: cannot write {path}: folder {parent} does not exist")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         _fail(f"error: cannot write {path}: permission denied")
+
+
+def _require_plot_extra() -> None:
+    """Fail before any work when matplotlib (the ``[plot]`` extra) is not installed."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        _fail("error: plotting needs matplotlib, which is not installed: pip install 'checkmate-remat[plot]'")
 
 
 def _load(path: str) -> Any:
@@ -348,6 +356,8 @@ def sweep(
     for path in (output, plot_path):
         if path:
             _check_writable(Path(path))
+    if plot_path:
+        _require_plot_extra()
     g = _load(graph)
     report.kv("graph", g.summary())
     rows = [report.sweep_point(g, name, spec, time_limit, quiet) for name in names for spec in specs]
@@ -403,6 +413,7 @@ def plot(plan: str, graph_path: str, output: str, debug: bool) -> None:
 
     out = Path(output)
     _check_writable(out)
+    _require_plot_extra()
     g = _load(graph_path)
     p = read_plan(plan, g)
     from checkmate.plot import plan_figure

@@ -13,6 +13,7 @@ lists) or directly with ``Graph(nodes, edges)`` when ids are already topological
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -23,7 +24,14 @@ import numpy.typing as npt
 
 from solvers.errors import GraphError
 
-__all__ = ["Node", "Graph"]
+__all__ = ["Node", "Graph", "MAX_NODE_BYTES", "MAX_TOTAL_BYTES"]
+
+#: A node's output must be smaller than this (2**53 bytes, 8 PiB): every size is then exact
+#: as a float64 (the MILP's coefficients) and fits CP-SAT's int64 arithmetic.
+MAX_NODE_BYTES = 2**53
+#: The sizes of all nodes together must stay below this (2**62 bytes, 4 EiB): peaks,
+#: budgets and the models' memory sums are int64 and must not overflow.
+MAX_TOTAL_BYTES = 2**62
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -66,7 +74,9 @@ class Graph:
     """A frozen DAG whose node ids are a topological order.
 
     Invariants (checked on construction): ``nodes[i].id == i``; every edge ``(u, v)``
-    has ``0 <= u < v < n``; no duplicate edges; costs and sizes are non-negative.
+    has ``0 <= u < v < n``; no duplicate edges; costs are finite and non-negative and so
+    is their sum; sizes are integers in ``[0, MAX_NODE_BYTES)`` summing to less than
+    ``MAX_TOTAL_BYTES`` (what int64 peaks and the solvers' models can hold).
     Derived arrays (``cost``, ``mem``, ``preds``, ``succs``, ...) are computed once.
     """
 
@@ -83,12 +93,34 @@ class Graph:
                     f"node at position {i} has id {node.id}: ids must be 0..n-1 in "
                     "topological order; use Graph.build() to sort arbitrary ids"
                 )
-            if not node.cost >= 0 or not np.isfinite(node.cost):
+            if (
+                not isinstance(node.cost, (int, float, np.integer, np.floating))
+                or not 0 <= node.cost < math.inf
+            ):
                 raise GraphError(
-                    f"node {node.ext!r} ({node.name}) has cost {node.cost}: costs must be finite and >= 0"
+                    f"node {node.ext!r} ({node.name!r}) has cost {node.cost!r}: costs must be finite numbers >= 0"
+                )
+            if not isinstance(node.mem, (int, np.integer)) or isinstance(node.mem, bool):
+                raise GraphError(
+                    f"node {node.ext!r} ({node.name!r}) has size {node.mem!r}: sizes must be integers (bytes)"
                 )
             if node.mem < 0:
-                raise GraphError(f"node {node.ext!r} ({node.name}) has negative size {node.mem} bytes")
+                raise GraphError(f"node {node.ext!r} ({node.name!r}) has negative size {node.mem} bytes")
+            if node.mem >= MAX_NODE_BYTES:
+                raise GraphError(
+                    f"node {node.ext!r} ({node.name!r}) has size {node.mem} bytes: sizes must be below "
+                    f"2**53 = {MAX_NODE_BYTES:,} bytes (8 PiB)"
+                )
+        total_mem = sum(int(node.mem) for node in self.nodes)
+        if total_mem >= MAX_TOTAL_BYTES:
+            raise GraphError(
+                f"the node sizes sum to {total_mem:,} bytes: the total must be below 2**62 = "
+                f"{MAX_TOTAL_BYTES:,} bytes (4 EiB)"
+            )
+        with np.errstate(over="ignore"):
+            finite_total = bool(np.isfinite(self.cost.sum()))  # total_cost, as every layer sums it
+        if not finite_total:
+            raise GraphError("the node costs sum to more than a float can hold: rescale the costs")
         seen: set[tuple[int, int]] = set()
         for u, v in self.edges:
             if not (0 <= u < n and 0 <= v < n):
@@ -125,17 +157,27 @@ class Graph:
             meta: free-form metadata carried along.
 
         Raises:
-            GraphError: duplicate ids, dangling edges, self-loops or a cycle.
+            GraphError: a node without a string or integer ``key``, a cost that is not a
+                finite number >= 0, a size that is not a whole number of bytes in
+                ``[0, MAX_NODE_BYTES)``, sizes summing to ``MAX_TOTAL_BYTES`` or more,
+                duplicate ids, dangling edges, self-loops or a cycle.
         """
-        keys = [nd["key"] for nd in nodes]
+        try:
+            keys = [nd["key"] for nd in nodes]
+        except (KeyError, TypeError, IndexError):
+            raise GraphError("every node must be a mapping with a 'key' (its id)") from None
         index: dict[Hashable, int] = {}
         for pos, k in enumerate(keys):
+            if not isinstance(k, Hashable) or (isinstance(k, float) and not math.isfinite(k)):
+                raise GraphError(f"node #{pos} has id {k!r}: ids must be strings or integers")
             if k in index:
                 raise GraphError(f"duplicate node id {k!r}")
             index[k] = pos
         n = len(keys)
         adj: list[set[int]] = [set() for _ in range(n)]
         for s, t in edges:
+            if not (isinstance(s, Hashable) and isinstance(t, Hashable)):
+                raise GraphError(f"edge ({s!r} -> {t!r}) must name nodes by their string or integer ids")
             if s not in index or t not in index:
                 missing = s if s not in index else t
                 raise GraphError(f"dangling edge ({s!r} -> {t!r}): node {missing!r} does not exist")
@@ -143,6 +185,8 @@ class Graph:
                 raise GraphError(f"self-loop on node {s!r}: the graph must be acyclic")
             adj[index[s]].add(index[t])
         if order is not None:
+            if not isinstance(order, Sequence) or not all(isinstance(k, Hashable) for k in order):
+                raise GraphError("the given order must be a list of node ids")
             perm = [index.get(k, -1) for k in order]
             if sorted(perm) != list(range(n)):
                 raise GraphError("the given order is not a permutation of the node ids")
@@ -157,15 +201,12 @@ class Graph:
         new_nodes = []
         for r, p in enumerate(perm):
             nd = nodes[p]
-            mem = nd.get("mem", 0)
-            if mem is None or int(mem) != mem:
-                raise GraphError(f"node {keys[p]!r} has a non-integer size {mem!r}")
             new_nodes.append(
                 Node(
                     id=r,
                     name=str(nd.get("name", keys[p])),
-                    cost=float(nd.get("cost", 0.0)),
-                    mem=int(mem),
+                    cost=_cost(nd.get("cost", 0.0), keys[p]),
+                    mem=_size(nd.get("mem", 0), keys[p]),
                     backward=bool(nd.get("backward", False)),
                     recomputable=bool(nd.get("recomputable", True)),
                     key=keys[p],  # type: ignore[arg-type]
@@ -264,6 +305,28 @@ class Graph:
         """One line: name, nodes, edges, backward nodes."""
         nb = int(self.backward_mask.sum())
         return f"{self.name or 'graph'}: {self.n} nodes, {len(self.edges)} edges, {nb} backward"
+
+
+def _cost(value: Any, key: Hashable) -> float:
+    """A node's cost as a float; a GraphError for what is not a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise GraphError(f"node {key!r} has cost {value!r}: costs must be numbers")
+    try:
+        cost = float(value)
+    except OverflowError:
+        cost = math.inf
+    if not 0 <= cost < math.inf:
+        raise GraphError(f"node {key!r} has cost {value!r}: costs must be finite and >= 0")
+    return cost
+
+
+def _size(value: Any, key: Hashable) -> int:
+    """A node's size as an int; a GraphError for what is not a whole number of bytes."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise GraphError(f"node {key!r} has size {value!r}: sizes must be integers (bytes)")
+    if isinstance(value, (float, np.floating)) and not (math.isfinite(value) and float(value).is_integer()):
+        raise GraphError(f"node {key!r} has size {value!r}: sizes must be whole numbers of bytes")
+    return int(value)
 
 
 def _toposort(adj: list[set[int]], keys: Sequence[Hashable]) -> list[int]:

@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any
 
+from solvers import scaling
 from solvers._subprocess import claim_stdout, worker_command
 from solvers.errors import SolverError
 from solvers.graph import Graph
@@ -117,8 +118,10 @@ def solve_cpsat(
         A :class:`SolveResult`; ``optimal`` means optimal within ``info["restrictions"]``.
 
     Raises:
+        GraphError: the positive costs span more than CP-SAT resolves (see solvers.scaling).
         SolverError: CP-SAT rejected the model, or the worker process died.
     """
+    scaling.check_cost_span(graph, "CP-SAT")  # here, not only in the worker: a GraphError
     if options.get("hint") is None and options.pop("auto_hint", True):
         options["hint"] = _heuristic_hint(graph, budget)
     options.pop("auto_hint", None)

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from solvers import scaling
 from solvers.errors import SolverError
 from solvers.graph import Graph
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
@@ -140,7 +141,8 @@ def build_model(
     sizes = [int(x) for x in graph.mem if x > 0]
     g = math.gcd(*sizes) if sizes else 1
     demand = (graph.mem // g).astype(np.int64)
-    capacity = int(budget) // g
+    capacity = min(int(budget), int(graph.mem.sum())) // g  # a larger budget changes nothing
+    scaling.check_cost_span(graph, "CP-SAT")  # GraphError beyond a 1e9 span of costs
     total = graph.total_cost
     cost_unit = total / _COST_RESOLUTION if total > 0 else 1.0
     icost = np.rint(graph.cost / cost_unit).astype(np.int64)

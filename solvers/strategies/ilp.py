@@ -47,7 +47,7 @@ import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
 
-from solvers import highs
+from solvers import highs, scaling
 from solvers.api import memory_lower_bound
 from solvers.graph import Graph
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
@@ -257,7 +257,7 @@ def formulate(
     num_e = len(e)
     num_pairs = n + num_e
     mem_unit = float(budget) if budget > 0 else 1.0
-    cost_unit = graph.total_cost / n if graph.total_cost > 0 else 1.0
+    cost_unit = scaling.cost_unit(graph, "the MILP")  # the mean cost; GraphError beyond 1e9 span
     memu = mem / mem_unit
 
     r_mask, s_mask = useful_masks(graph)
