@@ -4,6 +4,7 @@ profiles and plans with ``profile="h100"``."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -62,10 +63,16 @@ _CHILD = textwrap.dedent(
 
 
 def test_the_built_wheel_ships_the_profiles_and_plans_with_h100(tmp_path: Path) -> None:
-    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    wheels, site, src = tmp_path / "wheels", tmp_path / "site", tmp_path / "src"
+    # built from a copy: an in-tree build/ left by an earlier build could ship stale modules
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("checkmate", "solvers", "profiles"):
+        shutil.copytree(REPO / name, src / name, symlinks=True, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run(
-        [*pip, "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-w", str(wheels)],
+        [*pip, "wheel", str(src), "--no-deps", "--no-build-isolation", "-w", str(wheels)],
         check=True,
         capture_output=True,
     )
