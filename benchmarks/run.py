@@ -47,7 +47,7 @@ from benchmarks import tables
 from benchmarks.csvio import read_rows, write_rows
 
 REPO = Path(__file__).resolve().parents[1]
-GRAPHS_DIR = REPO / ".." / "shared" / "benchmarks" / "graphs"
+GRAPHS_DIR = REPO / "benchmarks" / "graphs"
 RESULTS_DIR = REPO / "benchmarks" / "results"
 
 BUDGETS = (0.9, 0.8, 0.7, 0.6, 0.5)

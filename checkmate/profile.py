@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from solvers import device_profiles
 from solvers.errors import CheckmateError
 from solvers.plan import atomic_write_text
 
@@ -234,14 +235,13 @@ def _number(value: Any, key: str, where: str, *, positive: bool) -> float:
 
 
 def profiles_dir() -> Path:
-    """The folder of the shipped profiles (``profiles/`` beside the ``checkmate`` package)."""
-    return Path(__file__).resolve().parent.parent / "profiles"
+    """The folder of the shipped profiles (``profiles/``; see :mod:`solvers.device_profiles`)."""
+    return device_profiles.profiles_dir()
 
 
 def available_profiles() -> list[str]:
     """Names of the shipped profiles (``"a100"``, ``"cpu"``, ``"h100"``, ...), sorted."""
-    folder = profiles_dir()
-    return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
+    return device_profiles.available()
 
 
 def load_profile(spec: str | Path | DeviceProfile) -> DeviceProfile:
@@ -260,25 +260,12 @@ def load_profile(spec: str | Path | DeviceProfile) -> DeviceProfile:
     """
     if isinstance(spec, DeviceProfile):
         return spec
-    text = str(spec)
-    path = Path(text).expanduser()
-    if not (text.endswith(".json") or path.is_file()):
-        shipped = profiles_dir() / f"{text.lower()}.json"
-        if not shipped.is_file():
-            names = ", ".join(available_profiles()) or "none found in " + str(profiles_dir())
-            raise ProfileError(
-                f"unknown device profile {text!r}; available profiles: {names} "
-                "(or pass the path to a profile JSON file, or profile=None to measure)"
-            )
-        path = shipped
     try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ProfileError(f"device profile file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"device profile file {path} cannot be read: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"device profile file {path} is not valid JSON: {exc}") from exc
+        path, doc = device_profiles.load_document(spec, error=ProfileError)
+    except ProfileError as exc:
+        if str(exc).startswith("unknown device profile"):
+            raise ProfileError(f"{exc}, or profile=None to measure") from None
+        raise
     return DeviceProfile.from_dict(doc, where=str(path))
 
 

@@ -1,6 +1,6 @@
 """Plan a saved graph without torch: every strategy at a few budgets, one table.
 
-    python examples/plan_saved_graph.py ../shared/benchmarks/graphs/VGG16_b256_224x224.json
+    python examples/plan_saved_graph.py benchmarks/graphs/VGG16_b256_224x224.json
     python examples/plan_saved_graph.py my_model.json --budgets 0.8,0.6 --time-limit 30
 
 A graph file comes from ``checkmate trace`` (a PyTorch model) or is one of the public

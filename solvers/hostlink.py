@@ -8,17 +8,16 @@ given directly.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from solvers import device_profiles
 from solvers.errors import CheckmateError
 from solvers.graph import Graph
 
 __all__ = ["HostLink", "host_link"]
 
-_PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 _DEFAULT_PROFILE = "h100"
 
 
@@ -85,14 +84,11 @@ def _profile_of(graph: Graph) -> str:
 
 
 def _read_profile(name: str) -> dict[str, Any]:
-    path = Path(name) if name.endswith(".json") else _PROFILES / f"{name}.json"
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        known = ", ".join(sorted(p.stem for p in _PROFILES.glob("*.json")))
+        _, doc = device_profiles.load_document(name)
+    except CheckmateError as exc:
         raise CheckmateError(
-            f"cannot read device profile {name!r} ({exc}); use one of: {known}, a JSON path, "
-            "or pass bandwidth= and latency="
+            f"cannot read device profile {name!r} ({exc}); or pass bandwidth= and latency="
         ) from None
     if "host_bandwidth" not in doc:
         raise CheckmateError(f"device profile {name!r} has no host_bandwidth; pass bandwidth=")

@@ -40,8 +40,8 @@ def test_e2e_child_plans_and_matches_eager() -> None:
     )
     assert row.status == "ok", row.status
     assert row.graphs == 1 and row.nodes > 20
-    stages = row.trace_s + row.profile_s + row.solve_s + row.codegen_s
-    assert stages == pytest.approx(row.total_s, rel=1e-6)  # the stages partition the call
+    # (the stages sum to total_s by construction: trace_s is the remainder; what can fail is a
+    # stage counted twice, which makes the remainder negative)
     assert min(row.trace_s, row.profile_s, row.solve_s, row.codegen_s) >= 0.0
     assert row.wall_s > row.total_s  # the child's wall time includes imports and the steps
     assert row.recomputes > 0  # 60% of the no-remat peak needs rematerialization

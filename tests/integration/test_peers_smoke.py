@@ -73,9 +73,8 @@ def test_peers_are_measured(rows: list[peers.Row]) -> None:
 def test_checkmate_row_is_measured_or_says_why(rows: list[peers.Row]) -> None:
     cm = _one(rows, "checkmate")
     assert cm.target == "0.9 x eager" and cm.budget is not None
-    if cm.status != "ok":
-        assert cm.status.startswith(("no plan:", "failed:")) and len(cm.status) > 12
-        return
+    assert cm.status == "ok", cm.status  # 0.9 x eager fits the tiny ResNet
+    assert cm.peak is not None and cm.budget is not None and cm.peak <= cm.budget * 1.05
     assert cm.grad_err is not None and cm.grad_err < 1e-5
     assert cm.dropout_equal is True, f"checkmate dropout gradients differ by {cm.dropout_err}"
 

@@ -80,8 +80,9 @@ def test_records_carry_stage_timings_and_cache_status(
     assert (first.cache, second.cache) == ("miss", "hit")
     for r in (first, second):
         stages = (r.trace_seconds, r.profile_seconds, r.solve_seconds, r.codegen_seconds)
+        # the stages sum to r.seconds by construction (trace is the remainder): what can fail
+        # is a stage counted twice, which makes the remainder negative
         assert all(s >= 0 for s in stages) and 0 <= r.scratch_seconds <= r.profile_seconds
-        assert sum(stages) <= r.seconds + 1e-6
     pinned = plan(plan=second.result.info["plan_path"])
     assert pinned.cache == "pinned"
     monkeypatch.setenv("CHECKMATE_CACHE", "0")

@@ -261,14 +261,8 @@ def test_strategies_lists_the_registry() -> None:
 
 # ---------------------------------------------------------------- issue 2 acceptance
 VGG16 = PUBLIC / "VGG16_b256_224x224.json"
-needs_ilp = pytest.mark.skipif(
-    importlib.util.find_spec("solvers.strategies.ilp") is None,
-    reason="solvers/strategies/ilp.py not written yet",
-)
 
 
-@needs_ilp
-@pytest.mark.skipif(not VGG16.exists(), reason=f"public graphs not found at {PUBLIC}")
 def test_vgg16_ilp_acceptance(tmp_path: Path) -> None:
     out = tmp_path / "p.json"
     res = run(
@@ -322,7 +316,6 @@ def test_strategy_options_reach_the_strategy(graph_file: Path, tmp_path: Path) -
     assert malformed.exit_code == 2 and "KEY=VALUE" in _one_line_error(malformed)
 
 
-@pytest.mark.skipif(not VGG16.exists(), reason=f"public graphs not found at {PUBLIC}")
 def test_no_plan_names_the_closest_schedules_peak(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     graph = PUBLIC / "random_layered_n100.json"

@@ -20,11 +20,9 @@ from solvers.result import SolveResult, Status
 from solvers.schedule import Schedule, keep_all_peak, schedule_from_order, validate
 from solvers.strategies import get_strategy
 from solvers.strategies.cpsat import solve_cpsat
-from tests.graphs import REPO
+from tests.graphs import PUBLIC, REPO
 
 from ._bruteforce import optimal_cost, random_dag
-
-GRAPHS = Path(__file__).resolve().parents[2] / ".." / "shared" / "benchmarks" / "graphs"
 
 
 def _steps(res: SolveResult) -> Schedule:
@@ -135,10 +133,9 @@ def test_fixed_once_meta_and_nonrecomputable_are_honoured() -> None:
     assert sim.cost >= validate(g, _steps(free), budget).cost - 1e-9
 
 
-@pytest.mark.skipif(not GRAPHS.is_dir(), reason=f"public graphs not found at {GRAPHS}")
 def test_vgg16_at_09_reaches_published_optimum() -> None:
     """Checkmate's MILP and Moccasin agree on 1.0197x the no-recompute cost."""
-    g = load_graph(GRAPHS / "VGG16_b256_224x224.json")
+    g = load_graph(PUBLIC / "VGG16_b256_224x224.json")
     budget = int(0.9 * keep_all_peak(g))
     res = solve_cpsat(g, budget, time_limit=30)
     assert res.status == Status.OPTIMAL

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from solvers import Graph, Status, keep_all_peak, schedule_from_order, simulate, validate
@@ -91,7 +91,10 @@ def test_the_mip_prices_its_plan_exactly(g: Graph, frac: float) -> None:
     if res.status != Status.FEASIBLE:  # the MIP itself found nothing: never a misfit
         assert res.schedule is None
         assert "no gap covers" in res.info["message"] or "found no plan" in res.info["message"]
-        return
+        assert budget < keep_all_peak(g)  # at its own peak a graph needs no gap dropped
+    # only examples with a plan say anything about its price (hypothesis fails the test when
+    # too few examples are left)
+    assume(res.status == Status.FEASIBLE)
     assert res.schedule is not None
     sim = validate(g, res.schedule, budget)
     drops, chained = res.info.get("drops", 0), res.info.get("chained", 0)

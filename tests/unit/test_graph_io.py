@@ -112,7 +112,7 @@ def test_unknown_version_rejected() -> None:
         graph_from_dict({"format": "checkmate-graph", "version": 99, "nodes": [], "edges": []})
 
 
-# Keep-all peaks stated in ../shared/benchmarks/README.md: our reading of the files and our
+# Keep-all peaks stated in benchmarks/graphs/README.md: our reading of the files and our
 # simulator's memory convention must reproduce them exactly.
 @pytest.mark.parametrize(
     ("name", "n", "e", "n_bwd", "peak"),
@@ -143,8 +143,6 @@ def test_random_layered_ids_are_names() -> None:
 
 
 def test_solvers_never_imports_torch() -> None:
-    if not PUBLIC.exists():
-        pytest.skip("public graphs absent")
     code = (
         "import sys, solvers\n"
         f"g = solvers.load_graph({str(PUBLIC / 'VGG16_b256_224x224.json')!r})\n"

@@ -16,6 +16,8 @@ from solvers.strategies.lp_rounding import round_threshold_sweep, solve_lp_round
 from tests.graphs import chain
 from tests.unit.test_ilp import dags, sched, training_chain3
 
+from ._bruteforce import optimal_cost
+
 LIMIT = 20.0
 
 
@@ -79,6 +81,8 @@ def test_lp_bound_milp_and_rounding_are_ordered(g: Graph, frac: float) -> None:
     rounded = solve_lp_rounding(g, budget, time_limit=LIMIT)
     if mip.status == Status.INFEASIBLE:
         assert not rounded.ok
+        # the exhaustive oracle (same stage structure) agrees that nothing fits
+        assert optimal_cost(g, budget, staged=True) is None
         return
     assert mip.status == Status.OPTIMAL and mip.cost is not None
     assert validate(g, sched(mip), budget).cost == pytest.approx(mip.cost)
@@ -96,7 +100,10 @@ def test_lagrangian_bound_is_valid_for_any_duals(g: Graph, frac: float, seed: in
     budget = max(int(frac * keep_all_peak(g)), memory_lower_bound(g))
     full = formulate(g, budget)
     res = highs.solve(problem_of(full), relax=True, time_limit=LIMIT)
-    if res.status != Status.OPTIMAL:
+    assert res.status in (Status.OPTIMAL, Status.INFEASIBLE), res.status
+    if res.status == Status.INFEASIBLE:  # an infeasible LP: the MILP must be infeasible too
+        assert solve_ilp(g, budget, time_limit=LIMIT).status == Status.INFEASIBLE
+        assert optimal_cost(g, budget, staged=True) is None
         return
     assert res.objective is not None and res.row_dual is not None
     # the LP's own duals reproduce its optimum; any other duals bound it from below

@@ -1,4 +1,4 @@
-"""Known answers on the public Checkmate graphs (../shared/benchmarks/graphs).
+"""Known answers on the public Checkmate graphs (benchmarks/graphs).
 
 Two independent formulations in the literature (Checkmate's MILP, Moccasin's CP-SAT) agree
 on VGG16 at 0.9 of the keep-all peak: 1.0197x the no-recompute cost. VGG19 at 0.8 is about
