@@ -21,6 +21,7 @@ Comp. 2018; the MIP solver is branch-and-cut with primal heuristics.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -230,6 +231,31 @@ def solve(
     )
     if isolate is None:
         isolate = sp.csc_matrix(problem.A).nnz >= (ISOLATE_MIN_NNZ if is_mip else ISOLATE_MIN_NNZ_LP)
+    t0 = time.perf_counter()
+    res = _run(problem, settings, progress, progress_interval, isolate)
+    if res.status == Status.INFEASIBLE and settings.presolve:
+        # HiGHS 1.16's presolve has proven feasible MILPs infeasible (a 9-node Checkmate model at
+        # exactly its keep-all peak, where checkpoint-all fits): an infeasibility claim is
+        # believed only when the model without presolve confirms it in the time left
+        left = None if settings.time_limit is None else settings.time_limit - (time.perf_counter() - t0)
+        if left is None or left > 0:
+            again = dataclasses.replace(settings, presolve=False, time_limit=left)
+            check = _run(problem, again, progress, progress_interval, isolate)
+            res = check if check.status != Status.INFEASIBLE else res
+            if check.status not in (Status.INFEASIBLE, Status.OPTIMAL, Status.FEASIBLE):
+                res = dataclasses.replace(check, status=Status.NO_SOLUTION)
+        else:
+            res = dataclasses.replace(res, status=Status.NO_SOLUTION)
+    return res
+
+
+def _run(
+    problem: HighsProblem,
+    settings: _Settings,
+    progress: ProgressHook | None,
+    progress_interval: float,
+    isolate: bool,
+) -> HighsResult:
     # an embedded interpreter (empty sys.executable) cannot start a worker: solve here
     if isolate and settings.time_limit is not None and sys.executable:
         from solvers._highs_worker import solve_isolated
