@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from solvers.bounds import below_floor
 from solvers.errors import SolverError
 from solvers.graph import Graph
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
@@ -343,13 +344,8 @@ def solve_in_process(
     Raises:
         SolverError: CP-SAT rejected the model (a bug).
     """
-    from solvers.api import memory_lower_bound
-
-    floor = memory_lower_bound(graph)
-    if budget < floor:
-        return SolveResult(
-            "cpsat", Status.INFEASIBLE, budget, info={"min_budget": floor, "min_budget_exact": False}
-        )
+    if (early := below_floor("cpsat", graph, budget)) is not None:
+        return early
     t0 = time.perf_counter()
     index = build_model(graph, budget, max_computes=max_computes, backward_once=backward_once)
     hinted = _add_hint(graph, index, hint) if hint is not None else False
