@@ -23,18 +23,12 @@ from solvers import (
     solve,
     validate,
 )
+from solvers.formulation import encode, formulate, max_violation, problem_of, warm_start_vector
 from solvers.result import SolveProgress, SolveResult
 from solvers.schedule import schedule_from_rs, simulate
 from solvers.stages import complete_rs, rs_cost, s_from_schedule, stage_memory
 from solvers.strategies import get_strategy
-from solvers.strategies.ilp import (
-    encode,
-    formulate,
-    max_violation,
-    problem_of,
-    solve_ilp,
-    warm_start_vector,
-)
+from solvers.strategies.ilp import solve_ilp
 from tests.graphs import chain, zoo_masked
 
 LIMIT = 30.0  # seconds per solve: every test passes a time limit

@@ -8,10 +8,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from solvers import Graph, Status, highs, keep_all_peak, memory_lower_bound, validate
+from solvers.duals import lagrangian_bound
+from solvers.formulation import formulate, liveness_masks, problem_of
 from solvers.schedule import schedule_from_rs
 from solvers.stages import closure_r, complete_rs, rs_cost
 from solvers.strategies import get_strategy
-from solvers.strategies.ilp import formulate, lagrangian_bound, liveness_masks, problem_of, solve_ilp
+from solvers.strategies.ilp import solve_ilp
 from solvers.strategies.lp_rounding import round_threshold_sweep, solve_lp_rounding, thresholds_for
 from tests.graphs import chain
 from tests.unit.test_ilp import dags, sched, training_chain3

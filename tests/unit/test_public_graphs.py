@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from solvers import InfeasibleBudgetError, Status, highs, keep_all_peak, solve, validate
-from solvers.strategies.ilp import formulate, problem_of, solve_ilp
+from solvers.formulation import formulate, problem_of
+from solvers.strategies.ilp import solve_ilp
 from solvers.strategies.lp_rounding import solve_lp_rounding
 from tests.graphs import public_graph
 from tests.unit.test_ilp import sched

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from solvers import Status, keep_all_peak, validate
+from solvers.formulation import formulate
 from solvers.pulp_export import solve_pulp, to_pulp, write_lp, write_mps
-from solvers.strategies.ilp import formulate, solve_ilp
+from solvers.strategies.ilp import solve_ilp
 from tests.graphs import chain
 from tests.unit.test_ilp import sched, training_chain3
 
