@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from solvers.errors import CheckmateError
+from solvers.errors import ProfileError
 from solvers.plan import atomic_write_text
 
 if TYPE_CHECKING:
@@ -71,10 +71,6 @@ __all__ = [
 
 PROFILE_FORMAT = "checkmate-device-profile"
 PROFILE_VERSION = 1
-
-
-class ProfileError(CheckmateError, ValueError):
-    """A device profile is unknown, unreadable or malformed."""
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,6 @@ def solve_auto(
     time_limit: float | None = None,
     progress: ProgressFn | None = None,
     milp_max_nodes: int = MILP_MAX_NODES,
-    **_: Any,
 ) -> SolveResult:
     """Run the portfolio; return the cheapest schedule within ``budget``.
 

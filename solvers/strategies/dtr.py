@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from solvers.errors import OptionError
 from solvers.graph import Graph
 from solvers.result import SolveResult, Status
 from solvers.schedule import COMPUTE, FREE, Schedule, Step, simulate
@@ -102,7 +103,7 @@ class DTRSimulator:
         banish: bool = True,
     ) -> None:
         if heuristic not in HEURISTICS:
-            raise ValueError(f"heuristic={heuristic!r}: choose one of {', '.join(HEURISTICS)}")
+            raise OptionError(f"heuristic={heuristic!r}: choose one of {', '.join(HEURISTICS)}")
         self.graph = graph
         self.budget = int(budget)
         self.heuristic = heuristic
@@ -380,7 +381,6 @@ def dtr(
     heuristic: str = DEFAULT_HEURISTIC,
     thrash_factor: float = DEFAULT_THRASH_FACTOR,
     banish: bool = True,
-    **options: Any,
 ) -> SolveResult:
     """The DTR strategy: FEASIBLE with the replay's schedule, or NO_SOLUTION with the
     reason in ``info["message"]`` (budget too small for the locked values, thrashing).
@@ -397,35 +397,65 @@ def dtr(
     return _solve("dtr", graph, budget, heuristic, thrash_factor, time_limit, DTRSimulator, banish=banish)
 
 
-def dtr_full(graph: Graph, budget: int, *, time_limit: float | None = None, **options: Any) -> SolveResult:
+def dtr_full(
+    graph: Graph,
+    budget: int,
+    *,
+    time_limit: float | None = None,
+    thrash_factor: float = DEFAULT_THRASH_FACTOR,
+) -> SolveResult:
     """DTR with h_DTR (exact evicted neighbourhood)."""
-    return _variant("dtr", graph, budget, time_limit, options)
+    return _variant("dtr", graph, budget, time_limit, thrash_factor)
 
 
-def dtr_eq(graph: Graph, budget: int, *, time_limit: float | None = None, **options: Any) -> SolveResult:
+def dtr_eq(
+    graph: Graph,
+    budget: int,
+    *,
+    time_limit: float | None = None,
+    thrash_factor: float = DEFAULT_THRASH_FACTOR,
+) -> SolveResult:
     """DTR with h_eq (union-find neighbourhood)."""
-    return _variant("eq", graph, budget, time_limit, options)
+    return _variant("eq", graph, budget, time_limit, thrash_factor)
 
 
-def dtr_local(graph: Graph, budget: int, *, time_limit: float | None = None, **options: Any) -> SolveResult:
+def dtr_local(
+    graph: Graph,
+    budget: int,
+    *,
+    time_limit: float | None = None,
+    thrash_factor: float = DEFAULT_THRASH_FACTOR,
+) -> SolveResult:
     """DTR with h_local = c / (m s)."""
-    return _variant("local", graph, budget, time_limit, options)
+    return _variant("local", graph, budget, time_limit, thrash_factor)
 
 
-def dtr_lru(graph: Graph, budget: int, *, time_limit: float | None = None, **options: Any) -> SolveResult:
+def dtr_lru(
+    graph: Graph,
+    budget: int,
+    *,
+    time_limit: float | None = None,
+    thrash_factor: float = DEFAULT_THRASH_FACTOR,
+) -> SolveResult:
     """DTR evicting the least recently used value."""
-    return _variant("lru", graph, budget, time_limit, options)
+    return _variant("lru", graph, budget, time_limit, thrash_factor)
 
 
-def dtr_size(graph: Graph, budget: int, *, time_limit: float | None = None, **options: Any) -> SolveResult:
+def dtr_size(
+    graph: Graph,
+    budget: int,
+    *,
+    time_limit: float | None = None,
+    thrash_factor: float = DEFAULT_THRASH_FACTOR,
+) -> SolveResult:
     """DTR evicting the largest value."""
-    return _variant("size", graph, budget, time_limit, options)
+    return _variant("size", graph, budget, time_limit, thrash_factor)
 
 
 def _variant(
-    heuristic: str, graph: Graph, budget: int, time_limit: float | None, options: dict[str, Any]
+    heuristic: str, graph: Graph, budget: int, time_limit: float | None, thrash_factor: float
 ) -> SolveResult:
-    thrash = float(options.get("thrash_factor", DEFAULT_THRASH_FACTOR))
+    thrash = float(thrash_factor)
     name = "dtr-full" if heuristic == "dtr" else f"dtr-{heuristic}"
     return _solve(name, graph, budget, heuristic, thrash, time_limit, DTRSimulator)
 

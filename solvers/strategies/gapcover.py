@@ -281,7 +281,7 @@ def gap_cover(
     time_limit: float | None = None,
     rounds: int = ROUNDS,
     chains: bool = True,
-    **options: Any,
+    mip_rel_gap: float = 1e-3,
 ) -> SolveResult:
     """Solve the gap-covering MIP (see the module docstring) and replay its plan.
 
@@ -325,9 +325,7 @@ def gap_cover(
         build += time.perf_counter() - tb
         if chained and gaps.columns[2] == 0:
             break  # no freed input to recompute: the same model again
-        best = _search(
-            graph, budget, gaps, need, deadline, rounds, float(options.get("mip_rel_gap", 1e-3)), info
-        )
+        best = _search(graph, budget, gaps, need, deadline, rounds, float(mip_rel_gap), info)
         if best is not None:
             break
     elapsed = time.perf_counter() - t0

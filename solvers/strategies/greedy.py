@@ -83,7 +83,6 @@ def peak_greedy(
     starts: int | None = None,
     repairs: int | None = None,
     tie_layers: bool = False,
-    **options: Any,
 ) -> SolveResult:
     """Search the kept set with the simulator (see the module docstring).
 

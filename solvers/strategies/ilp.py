@@ -18,6 +18,7 @@ import numpy as np
 from solvers import highs
 from solvers.bounds import below_floor, memory_lower_bound
 from solvers.duals import lagrangian_bound
+from solvers.errors import OptionError
 from solvers.formulation import decode_schedule, formulate, liveness_masks, problem_of, warm_start_vector
 from solvers.graph import Graph
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
@@ -86,7 +87,7 @@ def solve_ilp(
         return early
     floor = memory_lower_bound(graph)
     if support not in ("full", "liveness"):
-        raise ValueError(f"support must be 'full' or 'liveness', not {support!r}")
+        raise OptionError(f"support must be 'full' or 'liveness', not {support!r}")
     restricted = support == "liveness"
     model = formulate(graph, budget, support=liveness_masks(graph) if restricted else None)
     if feasibility:

@@ -36,6 +36,7 @@ import numpy.typing as npt
 from solvers import highs
 from solvers.bounds import below_floor, memory_lower_bound
 from solvers.duals import lagrangian_bound, reduced_costs
+from solvers.errors import OptionError
 from solvers.formulation import MilpModel, formulate, liveness_masks, problem_of
 from solvers.graph import Graph
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
@@ -171,7 +172,7 @@ def solve_lp_rounding(
     if support == "liveness":
         model = formulate(graph, budget, support=masks)
     elif support != "full":
-        raise ValueError(f"support must be 'liveness' or 'full', not {support!r}")
+        raise OptionError(f"support must be 'liveness' or 'full', not {support!r}")
     build = time.perf_counter() - t0
     info: dict[str, Any] = {
         "num_vars": model.num_vars,

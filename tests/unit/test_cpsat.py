@@ -3,6 +3,7 @@ reaches the published VGG16 optimum, maps statuses and honours hints."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -48,7 +49,7 @@ def with_loss(n: int) -> Graph:
 
 def test_registered_and_runs_through_api() -> None:
     g = chain(5)
-    assert get_strategy("cpsat") is solve_cpsat
+    assert inspect.unwrap(get_strategy("cpsat")) is solve_cpsat
     res = solve(g, 1.0, "cpsat", time_limit=10)
     assert res.status == Status.OPTIMAL
     assert res.cost == pytest.approx(g.total_cost)

@@ -3,6 +3,7 @@ no-paging Checkmate MILP and hand-solved answers."""
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -236,7 +237,7 @@ def test_host_link_from_profiles_and_options() -> None:
 
 def test_registered_and_checked_by_solve() -> None:
     g = training_chain(4)
-    assert get_strategy("poet") is solve_poet
+    assert inspect.unwrap(get_strategy("poet")) is solve_poet
     res = solve(g, memory_lower_bound(g), "poet", time_limit=LIMIT, bandwidth=500.0, latency=0.1)
     assert res.ok and res.peak is not None and res.peak <= memory_lower_bound(g)
     assert res.cost == pytest.approx(res.info["compute_cost"])
