@@ -113,7 +113,7 @@ def test_hint_is_used_and_respects_restrictions() -> None:
     assert res.status == Status.OPTIMAL
 
 
-def test_fixed_once_meta_and_nonrecomputable_are_honoured() -> None:
+def test_nonrecomputable_nodes_are_computed_once() -> None:
     g = with_loss(5)
     budget = 4
     free = solve_cpsat(g, budget, time_limit=10, backward_once=False)
