@@ -28,12 +28,12 @@ StrategyFn = Callable[..., SolveResult]
 #: name -> (target, one-line description)
 STRATEGIES: dict[str, tuple[str, str]] = {
     "auto": (
-        "solvers.strategies.auto:solve_auto",
+        "solvers.strategies.auto:auto",
         "best heuristic, then LP rounding and the MILP warm-started from it; cheapest valid schedule wins",
     ),
-    "ilp": ("solvers.strategies.ilp:solve_ilp", "Checkmate MILP (Jain et al. 2020) solved by HiGHS"),
+    "ilp": ("solvers.strategies.ilp:ilp", "Checkmate MILP (Jain et al. 2020) solved by HiGHS"),
     "lp-rounding": (
-        "solvers.strategies.lp_rounding:solve_lp_rounding",
+        "solvers.strategies.lp_rounding:lp_rounding",
         "LP relaxation + two-phase rounding (Jain et al. 2020)",
     ),
     "checkpoint-all": ("solvers.strategies.baselines:checkpoint_all", "keep every output, never recompute"),
@@ -75,11 +75,11 @@ STRATEGIES: dict[str, tuple[str, str]] = {
         "Coop (Zhang et al. 2023): DTR evicting the cheapest contiguous window of an address-ordered pool",
     ),
     "poet": (
-        "solvers.strategies.poet:solve_poet",
+        "solvers.strategies.poet:poet",
         "POET (Patil et al. 2022): the MILP with paging to host memory (options bandwidth, latency, profile)",
     ),
     "cpsat": (
-        "solvers.strategies.cpsat:solve_cpsat",
+        "solvers.strategies.cpsat:cpsat",
         "Moccasin (Bartan et al. 2023): retention intervals, cumulative memory, OR-Tools CP-SAT",
     ),
 }

@@ -32,7 +32,7 @@ if importlib.util.find_spec("ortools") is None:  # pragma: no cover - needs a ve
         name="ortools",
     )
 
-__all__ = ["solve_cpsat", "main"]
+__all__ = ["cpsat", "main"]
 
 _MODEL = "solvers.strategies.cpsat_model"
 _WORKER = "from solvers.strategies.cpsat import main; main()"
@@ -92,7 +92,7 @@ def _heuristic_hint(graph: Graph, budget: int) -> Schedule | None:
     return res.schedule if res.ok else None
 
 
-def solve_cpsat(
+def cpsat(
     graph: Graph,
     budget: int,
     *,

@@ -318,7 +318,7 @@ def solve_in_process(
     **_: Any,
 ) -> SolveResult:
     """Plan ``graph`` under ``budget`` with the retention-interval CP model on CP-SAT, in
-    this process (see :func:`solvers.strategies.cpsat.solve_cpsat`, which isolates it).
+    this process (see :func:`solvers.strategies.cpsat.cpsat`, which isolates it).
 
     Args:
         graph: the graph.

@@ -24,10 +24,10 @@ from solvers.graph import Graph
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
 from solvers.schedule import Schedule, simulate
 
-__all__ = ["solve_ilp"]
+__all__ = ["ilp"]
 
 
-def solve_ilp(
+def ilp(
     graph: Graph,
     budget: int,
     *,

@@ -43,7 +43,7 @@ from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
 from solvers.schedule import schedule_from_rs, simulate
 from solvers.stages import complete_rs, rs_cost, stage_memory
 
-__all__ = ["solve_lp_rounding", "round_threshold_sweep", "thresholds_for", "rounding_grace"]
+__all__ = ["lp_rounding", "round_threshold_sweep", "thresholds_for", "rounding_grace"]
 
 BoolMatrix = npt.NDArray[np.bool_]
 
@@ -110,7 +110,7 @@ def round_threshold_sweep(
     return best
 
 
-def solve_lp_rounding(
+def lp_rounding(
     graph: Graph,
     budget: int,
     *,

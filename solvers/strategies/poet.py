@@ -67,7 +67,7 @@ __all__ = [
     "encode_poet",
     "decode_poet",
     "page_all_schedule",
-    "solve_poet",
+    "poet",
 ]
 
 IntArray = npt.NDArray[np.int64]
@@ -256,7 +256,7 @@ def page_all_schedule(graph: Graph) -> Schedule:
     return decode_poet(graph, *_page_all(graph))
 
 
-def solve_poet(
+def poet(
     graph: Graph,
     budget: int,
     *,
