@@ -61,11 +61,11 @@ MAX_NONZEROS = 8_000_000
 
 def keep_all_memory(graph: Graph) -> IntArray:
     """``M[t]``: bytes resident right after node t runs in the id-order run that holds
-    every value from its computation to its last read (what the simulator measures)."""
-    diff = np.zeros(graph.n + 1, dtype=np.int64)
-    np.add.at(diff, np.arange(graph.n), graph.mem)
-    np.add.at(diff, graph.last_use + 1, -graph.mem)
-    return np.cumsum(diff[:-1])
+    every value from its computation to its last read: the simulator's timeline of
+    :func:`solvers.schedule.schedule_from_order` at its compute steps."""
+    sched = schedule_from_order(graph, range(graph.n))
+    at = [s for s, (op, _) in enumerate(sched.steps) if op == COMPUTE]
+    return simulate(graph, sched).timeline[at].astype(np.int64)
 
 
 def _intervals(lo: IntArray, hi: IntArray, owner: IntArray) -> tuple[IntArray, IntArray]:
