@@ -27,12 +27,17 @@ evicted neighbourhood (evicted values connected to t through evicted values, bot
 - ``"local"``: c(t) / (m(t) s(t)).
 - ``"lru"``: 1 / s(t) (least recently used first).
 - ``"size"``: 1 / m(t) (largest first; ties by staleness).
+
+The module is over 450 lines because the online simulator (``DTRSimulator``, about 270
+lines with its evicted-neighbourhood bookkeeping) is one class; the strategy entry points
+around it are short.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -397,67 +402,29 @@ def dtr(
     return _solve("dtr", graph, budget, heuristic, thrash_factor, time_limit, DTRSimulator, banish=banish)
 
 
-def dtr_full(
-    graph: Graph,
-    budget: int,
-    *,
-    time_limit: float | None = None,
-    thrash_factor: float = DEFAULT_THRASH_FACTOR,
-) -> SolveResult:
-    """DTR with h_DTR (exact evicted neighbourhood)."""
-    return _variant("dtr", graph, budget, time_limit, thrash_factor)
-
-
-def dtr_eq(
-    graph: Graph,
-    budget: int,
-    *,
-    time_limit: float | None = None,
-    thrash_factor: float = DEFAULT_THRASH_FACTOR,
-) -> SolveResult:
-    """DTR with h_eq (union-find neighbourhood)."""
-    return _variant("eq", graph, budget, time_limit, thrash_factor)
-
-
-def dtr_local(
-    graph: Graph,
-    budget: int,
-    *,
-    time_limit: float | None = None,
-    thrash_factor: float = DEFAULT_THRASH_FACTOR,
-) -> SolveResult:
-    """DTR with h_local = c / (m s)."""
-    return _variant("local", graph, budget, time_limit, thrash_factor)
-
-
-def dtr_lru(
-    graph: Graph,
-    budget: int,
-    *,
-    time_limit: float | None = None,
-    thrash_factor: float = DEFAULT_THRASH_FACTOR,
-) -> SolveResult:
-    """DTR evicting the least recently used value."""
-    return _variant("lru", graph, budget, time_limit, thrash_factor)
-
-
-def dtr_size(
-    graph: Graph,
-    budget: int,
-    *,
-    time_limit: float | None = None,
-    thrash_factor: float = DEFAULT_THRASH_FACTOR,
-) -> SolveResult:
-    """DTR evicting the largest value."""
-    return _variant("size", graph, budget, time_limit, thrash_factor)
-
-
-def _variant(
-    heuristic: str, graph: Graph, budget: int, time_limit: float | None, thrash_factor: float
-) -> SolveResult:
-    thrash = float(thrash_factor)
+def _variant(heuristic: str, doc: str) -> Callable[..., SolveResult]:
+    """The entry point of DTR with one fixed heuristic (its options: ``thrash_factor``)."""
     name = "dtr-full" if heuristic == "dtr" else f"dtr-{heuristic}"
-    return _solve(name, graph, budget, heuristic, thrash, time_limit, DTRSimulator)
+
+    def variant(
+        graph: Graph,
+        budget: int,
+        *,
+        time_limit: float | None = None,
+        thrash_factor: float = DEFAULT_THRASH_FACTOR,
+    ) -> SolveResult:
+        return _solve(name, graph, budget, heuristic, float(thrash_factor), time_limit, DTRSimulator)
+
+    variant.__name__ = variant.__qualname__ = name.replace("-", "_")
+    variant.__doc__ = doc
+    return variant
+
+
+dtr_full = _variant("dtr", "DTR with h_DTR (exact evicted neighbourhood).")
+dtr_eq = _variant("eq", "DTR with h_eq (union-find neighbourhood).")
+dtr_local = _variant("local", "DTR with h_local = c / (m s).")
+dtr_lru = _variant("lru", "DTR evicting the least recently used value.")
+dtr_size = _variant("size", "DTR evicting the largest value.")
 
 
 def _solve(

@@ -51,7 +51,15 @@ import scipy.sparse as sp
 from solvers import highs
 from solvers.bounds import below_floor, memory_lower_bound
 from solvers.errors import ScheduleError, SolverError
-from solvers.formulation import MilpModel, formulate, max_violation, problem_of
+from solvers.formulation import (
+    BoolMatrix,
+    FloatArray,
+    IntArray,
+    MilpModel,
+    formulate,
+    max_violation,
+    problem_of,
+)
 from solvers.graph import Graph
 from solvers.hostlink import HostLink, host_link
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
@@ -69,10 +77,6 @@ __all__ = [
     "page_all_schedule",
     "poet",
 ]
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
-BoolMatrix = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
