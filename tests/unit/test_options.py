@@ -47,3 +47,16 @@ def test_bad_option_value_raises_option_error() -> None:
         solve(g, budget, "dtr", heuristic="nope")
     with pytest.raises(OptionError, match="support must be"):
         solve(g, budget, "ilp", time_limit=5, support="nope")
+
+
+@pytest.mark.torch
+def test_optimize_reports_a_bad_option_as_option_error_not_trace_error() -> None:
+    """Through torch.compile the planner's errors reach the user as they are: a misspelled
+    option is an OptionError naming the valid ones, not a TraceError."""
+    torch = pytest.importorskip("torch")
+    import checkmate
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = checkmate.optimize(model, 0.9, strategy="dtr", profile="cpu", options={"heuristc": "eq"})
+    with pytest.raises(OptionError, match=r"has no option 'heuristc'.*heuristic"):
+        opt(torch.randn(4, 8)).sum().backward()
