@@ -123,18 +123,15 @@ def _check_strategy(name: str) -> None:
 
 
 def _strategy_options(strategy: str, pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``("bandwidth=1e8", "heuristic=eq")`` -> options, checked against the strategy's signature.
+    """``("bandwidth=1e8", "heuristic=eq")`` -> options, checked against the strategy's options.
 
     Values are read as JSON when they parse (numbers, true/false, null), else as strings.
     """
-    import inspect
     import json
 
-    from solvers.strategies import get_strategy
+    from solvers.strategies import COMMON_OPTIONS, strategy_options
 
-    params = inspect.signature(get_strategy(strategy)).parameters
-    open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    known = [k for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    known = [k for k in strategy_options(strategy) if k not in COMMON_OPTIONS]
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
@@ -143,7 +140,7 @@ def _strategy_options(strategy: str, pairs: tuple[str, ...]) -> dict[str, Any]:
             _fail(f"error: --option {pair!r} must look like KEY=VALUE")
         if key in ("time_limit", "progress"):
             _fail(f"error: --option {key} is set by the command itself; use its own flag")
-        if not open_ended and key not in params:
+        if key not in known:
             _fail(
                 f"error: strategy {strategy!r} has no option {key!r}; its options: {', '.join(known) or 'none'}"
             )

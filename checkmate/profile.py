@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from solvers import device_profiles
-from solvers.errors import CheckmateError
+from solvers.errors import ProfileError
 from solvers.plan import atomic_write_text
 
 if TYPE_CHECKING:
@@ -72,10 +72,6 @@ __all__ = [
 
 PROFILE_FORMAT = "checkmate-device-profile"
 PROFILE_VERSION = 1
-
-
-class ProfileError(CheckmateError, ValueError):
-    """A device profile is unknown, unreadable or malformed."""
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import numpy as np
-
+from solvers.bounds import memory_lower_bound
 from solvers.budget import Budget, format_bytes, parse_budget
 from solvers.errors import InfeasibleBudgetError, SolverError
 from solvers.graph import Graph
@@ -20,16 +19,6 @@ from solvers.schedule import keep_all_peak, simulate, validate
 from solvers.strategies import get_strategy
 
 __all__ = ["solve", "resolve_budget", "memory_lower_bound", "closest_hint"]
-
-
-def memory_lower_bound(graph: Graph) -> int:
-    """A cheap bound every schedule's peak reaches: the largest working set of one op
-    (its output plus all its inputs resident at once)."""
-    need = graph.mem.astype(np.int64).copy()
-    if graph.edges:
-        e = graph.edge_array
-        np.add.at(need, e[:, 1], graph.mem[e[:, 0]])
-    return int(need.max()) if graph.n else 0
 
 
 def resolve_budget(graph: Graph, budget: object) -> tuple[int, int]:

@@ -14,6 +14,8 @@ __all__ = [
     "SolverError",
     "PlanError",
     "TraceError",
+    "OptionError",
+    "ProfileError",
 ]
 
 
@@ -84,6 +86,14 @@ class PlanError(CheckmateError):
 
 class TraceError(CheckmateError):
     """A model could not be traced into a joint forward+backward graph."""
+
+
+class OptionError(CheckmateError, ValueError):
+    """A strategy option is unknown (the message names the valid ones) or has a bad value."""
+
+
+class ProfileError(CheckmateError, ValueError):
+    """A device profile is unknown, unreadable or malformed."""
 
 
 def _fmt(nbytes: int, reference: int | None) -> str:

@@ -1,7 +1,7 @@
 """The Checkmate MILP through PuLP: write MPS/LP files, or solve with any PuLP solver.
 
 The portable path for users who have another solver (CBC, Gurobi, CPLEX, ...): the model is
-the same sparse model that :func:`solvers.strategies.ilp.formulate` builds for HiGHS, with
+the same sparse model that :func:`solvers.formulation.formulate` builds for HiGHS, with
 the same scaling (memory in units of the budget, so every ``U`` is at most 1; cost in units
 of the mean node cost). Variables are named ``R_t_i``, ``S_t_i``, ``U_t_k`` and
 ``FREE_t_i_p`` after their stage and nodes, so a solution read back from any solver can be
@@ -17,13 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from solvers.api import memory_lower_bound
+from solvers.bounds import below_floor
 from solvers.errors import SolverError
+from solvers.formulation import MilpModel, decode_schedule, formulate
 from solvers.graph import Graph
 from solvers.result import SolveResult, Status
-from solvers.schedule import schedule_from_rs, simulate
-from solvers.stages import complete_rs
-from solvers.strategies.ilp import MilpModel, formulate
+from solvers.schedule import simulate
 
 __all__ = ["to_pulp", "pulp_problem", "write_mps", "write_lp", "solve_pulp"]
 
@@ -47,7 +46,7 @@ def pulp_problem(model: MilpModel, *, relax: bool = False, name: str = "checkmat
     """A PuLP problem for a built model, and its variables in column order.
 
     Args:
-        model: from :func:`solvers.strategies.ilp.formulate`.
+        model: from :func:`solvers.formulation.formulate`.
         relax: make every variable continuous (the LP relaxation).
         name: the problem's name.
 
@@ -135,8 +134,8 @@ def solve_pulp(
     import pulp
 
     t0 = time.perf_counter()
-    if budget < memory_lower_bound(graph):
-        return SolveResult("pulp", Status.INFEASIBLE, budget, info={"min_budget": memory_lower_bound(graph)})
+    if (early := below_floor("pulp", graph, budget)) is not None:
+        return early
     model = formulate(graph, budget)
     prob, variables = pulp_problem(model, name=_safe(graph.name))
     build = time.perf_counter() - t0
@@ -162,8 +161,7 @@ def solve_pulp(
     if status in (Status.INFEASIBLE, Status.NO_SOLUTION):
         return SolveResult("pulp", status, budget, **common)
     x = np.array([v.value() or 0.0 for v in variables], dtype=np.float64)
-    R, S = complete_rs(graph, model.index.decode(x)[1])
-    schedule = schedule_from_rs(graph, R, S)
+    schedule = decode_schedule(graph, model.index, x)
     sim = simulate(graph, schedule)
     if sim.peak > budget:
         status = Status.NO_SOLUTION

@@ -279,7 +279,14 @@ def schedule_from_order(graph: Graph, computes: Iterable[int], keep: Iterable[in
     return Schedule(tuple(steps))
 
 
-def schedule_from_rs(graph: Graph, R: npt.ArrayLike, S: npt.ArrayLike) -> Schedule:
+def schedule_from_rs(
+    graph: Graph,
+    R: npt.ArrayLike,
+    S: npt.ArrayLike,
+    *,
+    pagein: npt.ArrayLike | None = None,
+    pageout: npt.ArrayLike | None = None,
+) -> Schedule:
     """Decode the (R, S) matrices of the Checkmate formulation into steps.
 
     Stage t computes, in id order, every node i with ``R[t, i]``. After computing k, each
@@ -288,8 +295,13 @@ def schedule_from_rs(graph: Graph, R: npt.ArrayLike, S: npt.ArrayLike) -> Schedu
     nor keeps are freed at the start of the stage. A node already resident when R asks for
     it is not computed again.
 
+    With paging (POET, Patil et al., ICML 2022): ``pagein[t, i]`` pages i in at the start
+    of stage t (after the frees, when the stage reads or keeps it and it is not resident;
+    it is then not computed); ``pageout[i]`` pages i out right after its first compute.
+
     Raises:
-        ScheduleError: R and S are inconsistent (a read or a kept value not resident).
+        ScheduleError: R and S are inconsistent (a read or a kept value not resident, a
+            page-in of a value never paged out).
     """
     Rm = np.asarray(R, dtype=bool)
     Sm = np.asarray(S, dtype=bool)
@@ -297,8 +309,12 @@ def schedule_from_rs(graph: Graph, R: npt.ArrayLike, S: npt.ArrayLike) -> Schedu
     if Rm.ndim != 2 or Rm.shape[1] != n or Sm.shape != Rm.shape:
         raise ScheduleError(f"R and S must both have shape (T, {n}); got {Rm.shape} and {Sm.shape}")
     T = Rm.shape[0]
+    INm = np.zeros_like(Rm) if pagein is None else np.asarray(pagein, dtype=bool)
+    OUTv = np.zeros(n, dtype=bool) if pageout is None else np.asarray(pageout, dtype=bool)
     preds = graph.preds
     resident = np.zeros(n, dtype=bool)
+    on_host = np.zeros(n, dtype=bool)
+    done = np.zeros(n, dtype=bool)
     steps: list[Step] = []
     for t in range(T):
         row = Rm[t]
@@ -309,7 +325,8 @@ def schedule_from_rs(graph: Graph, R: npt.ArrayLike, S: npt.ArrayLike) -> Schedu
             raise ScheduleError(
                 f"stage {t}: S keeps node {_name(graph, int(lacking[0]))} which is not resident"
             )
-        comp: list[int] = np.flatnonzero(row & ~resident).tolist()
+        incoming = INm[t] & ~resident
+        comp: list[int] = np.flatnonzero(row & ~resident & ~incoming).tolist()
         # last reader of each value within this stage
         last_read = np.full(n, -1, dtype=np.int64)
         for k in comp:
@@ -319,6 +336,11 @@ def schedule_from_rs(graph: Graph, R: npt.ArrayLike, S: npt.ArrayLike) -> Schedu
         for i in np.flatnonzero(resident & (last_read < 0) & ~keep_next).tolist():
             steps.append((FREE, i))
             resident[i] = False
+        for i in np.flatnonzero(incoming & ((last_read >= 0) | keep_next)).tolist():
+            if not on_host[i]:
+                raise ScheduleError(f"stage {t}: pages in {_name(graph, i)} which was never paged out")
+            steps.append((PAGEIN, i))
+            resident[i] = True
         for k in comp:
             for p in preds[k]:
                 if not resident[p]:
@@ -328,6 +350,10 @@ def schedule_from_rs(graph: Graph, R: npt.ArrayLike, S: npt.ArrayLike) -> Schedu
                     )
             steps.append((COMPUTE, k))
             resident[k] = True
+            if OUTv[k] and not done[k]:
+                steps.append((PAGEOUT, k))
+                on_host[k] = True
+            done[k] = True
             for j in (*preds[k], k):
                 if resident[j] and last_read[j] <= k and not keep_next[j]:
                     steps.append((FREE, j))

@@ -194,13 +194,20 @@ class StageMemory:
     peak: int
 
 
-def stage_memory(graph: Graph, R: BoolMatrix, S: BoolMatrix) -> StageMemory:
+def stage_memory(
+    graph: Graph, R: BoolMatrix, S: BoolMatrix, present: BoolMatrix | None = None
+) -> StageMemory:
     """Vectorized memory accounting of a normalized (R, S) pair (see :func:`complete_rs`).
 
     Each value is freed right after its last reader in the stage (or right after it is
     computed when nothing reads it), unless it is kept into the next stage; the peak is
     taken after each compute. For normalized pairs this equals the peak that
     :func:`solvers.schedule.simulate` measures on ``schedule_from_rs(graph, R, S)``.
+
+    Args:
+        present: what is on the device at each stage start when that differs from S
+            (POET: kept or paged in, ``S | IN``); S still says what is kept into the next
+            stage. Default: S.
     """
     n = graph.n
     e = graph.edge_array
@@ -211,14 +218,15 @@ def stage_memory(graph: Graph, R: BoolMatrix, S: BoolMatrix) -> StageMemory:
         np.maximum.at(last_read, (rows, np.broadcast_to(e[:, 0], vals.shape).ravel()), vals.ravel())
     cols = np.broadcast_to(np.arange(n)[None, :], (n, n))
     free_pos = np.where(last_read >= 0, last_read, np.where(R, cols, -1))
+    at_start = S if present is None else present
     keep_next = np.zeros_like(S)
     keep_next[:-1] = S[1:]
-    freed = (S | R) & ~keep_next & (free_pos >= 0)
+    freed = (at_start | R) & ~keep_next & (free_pos >= 0)
     mem = graph.mem.astype(np.int64)
     freed_mem = np.zeros((n, n), dtype=np.int64)
     ft, fi = np.nonzero(freed)
     np.add.at(freed_mem, (ft, free_pos[ft, fi]), mem[fi])
-    U = (S.astype(np.int64) @ mem)[:, None] + np.cumsum(R * mem[None, :], axis=1)
+    U = (at_start.astype(np.int64) @ mem)[:, None] + np.cumsum(R * mem[None, :], axis=1)
     U[:, 1:] -= np.cumsum(freed_mem, axis=1)[:, :-1]
     peak = int(U[R].max()) if n else 0
     return StageMemory(U=U, free_pos=free_pos, freed=freed, peak=peak)

@@ -1,33 +1,39 @@
 """The registry of strategies: name -> "module:function", imported on first use.
 
-Every strategy has the signature ``fn(graph, budget_bytes, *, time_limit=None, **options)
+Every strategy has the signature ``fn(graph, budget_bytes, *, time_limit=None, <options>)
 -> SolveResult`` and returns a :class:`~solvers.schedule.Schedule` that
-:func:`solvers.schedule.validate` accepts. Lazy imports keep optional dependencies
-(OR-Tools for CP-SAT) optional.
+:func:`solvers.schedule.validate` accepts. A strategy's options are the keyword-only
+parameters of its entry point (plus those it forwards, :data:`FORWARDED`):
+:func:`get_strategy` returns the function wrapped so that an unknown option raises
+:class:`~solvers.errors.OptionError` naming the valid ones, and the common keywords
+(:data:`COMMON_OPTIONS`) reach only the strategies that take them. Lazy imports keep
+optional dependencies (OR-Tools for CP-SAT) optional.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
-from solvers.errors import CheckmateError
+from solvers.errors import CheckmateError, OptionError
 from solvers.result import SolveResult
 
-__all__ = ["STRATEGIES", "get_strategy", "strategy_names", "StrategyFn"]
+__all__ = ["STRATEGIES", "COMMON_OPTIONS", "get_strategy", "strategy_names", "strategy_options", "StrategyFn"]
 
 StrategyFn = Callable[..., SolveResult]
 
 #: name -> (target, one-line description)
 STRATEGIES: dict[str, tuple[str, str]] = {
     "auto": (
-        "solvers.strategies.auto:solve_auto",
+        "solvers.strategies.auto:auto",
         "best heuristic, then LP rounding and the MILP warm-started from it; cheapest valid schedule wins",
     ),
-    "ilp": ("solvers.strategies.ilp:solve_ilp", "Checkmate MILP (Jain et al. 2020) solved by HiGHS"),
+    "ilp": ("solvers.strategies.ilp:ilp", "Checkmate MILP (Jain et al. 2020) solved by HiGHS"),
     "lp-rounding": (
-        "solvers.strategies.lp_rounding:solve_lp_rounding",
+        "solvers.strategies.lp_rounding:lp_rounding",
         "LP relaxation + two-phase rounding (Jain et al. 2020)",
     ),
     "checkpoint-all": ("solvers.strategies.baselines:checkpoint_all", "keep every output, never recompute"),
@@ -69,14 +75,22 @@ STRATEGIES: dict[str, tuple[str, str]] = {
         "Coop (Zhang et al. 2023): DTR evicting the cheapest contiguous window of an address-ordered pool",
     ),
     "poet": (
-        "solvers.strategies.poet:solve_poet",
+        "solvers.strategies.poet:poet",
         "POET (Patil et al. 2022): the MILP with paging to host memory (options bandwidth, latency, profile)",
     ),
     "cpsat": (
-        "solvers.strategies.cpsat:solve_cpsat",
+        "solvers.strategies.cpsat:cpsat",
         "Moccasin (Bartan et al. 2023): retention intervals, cumulative memory, OR-Tools CP-SAT",
     ),
 }
+
+
+#: keywords any strategy may be given (``auto`` and the front ends pass them to every
+#: strategy); a strategy whose entry point lacks one never sees it
+COMMON_OPTIONS: tuple[str, ...] = ("time_limit", "progress")
+
+#: strategies whose entry point passes more options on to another function: name -> target
+FORWARDED: dict[str, str] = {"cpsat": "solvers.strategies.cpsat_model:solve_in_process"}
 
 
 def strategy_names() -> list[str]:
@@ -84,16 +98,7 @@ def strategy_names() -> list[str]:
     return list(STRATEGIES)
 
 
-def get_strategy(name: str) -> StrategyFn:
-    """The strategy function registered as ``name``.
-
-    Raises:
-        CheckmateError: unknown name (the message lists the known ones), or its optional
-            dependency is missing.
-    """
-    if name not in STRATEGIES:
-        raise CheckmateError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}")
-    target = STRATEGIES[name][0]
+def _load(name: str, target: str) -> Any:
     module_name, func_name = target.split(":")
     try:
         module = importlib.import_module(module_name)
@@ -102,5 +107,61 @@ def get_strategy(name: str) -> StrategyFn:
             f"strategy {name!r} needs a package that is not installed ({exc.name}); "
             f"install it (e.g. pip install {exc.name}) or choose another strategy"
         ) from None
-    fn: Any = getattr(module, func_name)
-    return fn  # type: ignore[no-any-return]
+    return getattr(module, func_name)
+
+
+def _keyword_only(fn: Any) -> list[str]:
+    params = inspect.signature(fn).parameters.values()
+    return [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+
+def strategy_options(name: str) -> tuple[str, ...]:
+    """The option names strategy ``name`` accepts (keyword-only parameters of its entry
+    point and of the function it forwards to), the common ones first.
+
+    Raises:
+        CheckmateError: unknown name, or its optional dependency is missing.
+    """
+    _check_name(name)
+    names = _keyword_only(_load(name, STRATEGIES[name][0]))
+    if name in FORWARDED:
+        names += _keyword_only(_load(name, FORWARDED[name]))
+    own = [k for k in dict.fromkeys(names) if k not in COMMON_OPTIONS]
+    return (*COMMON_OPTIONS, *own)
+
+
+def _check_name(name: str) -> None:
+    if name not in STRATEGIES:
+        raise CheckmateError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}")
+
+
+def get_strategy(name: str) -> StrategyFn:
+    """The strategy function registered as ``name``, checking its options.
+
+    The returned function takes the entry point's arguments; an option it does not know
+    raises :class:`OptionError` naming the valid ones (:func:`strategy_options`), and a
+    common keyword (:data:`COMMON_OPTIONS`) the entry point lacks is dropped. An entry point
+    that takes ``**kwargs`` (a user's own registered strategy) receives every option.
+
+    Raises:
+        CheckmateError: unknown name (the message lists the known ones), or its optional
+            dependency is missing.
+    """
+    _check_name(name)
+    fn: Any = _load(name, STRATEGIES[name][0])
+    valid = strategy_options(name)
+    params = inspect.signature(fn).parameters
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **options: Any) -> SolveResult:
+        unknown = [] if takes_all else [k for k in options if k not in valid]
+        if unknown:
+            raise OptionError(
+                f"strategy {name!r} has no option {unknown[0]!r}; its options: {', '.join(valid)}"
+            )
+        passed = options if takes_all else {k: v for k, v in options.items() if k in params}
+        result: SolveResult = fn(*args, **passed)
+        return result
+
+    return checked

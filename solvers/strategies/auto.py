@@ -29,7 +29,7 @@ from solvers.graph import Graph
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
 from solvers.schedule import Schedule, simulate, validate
 
-__all__ = ["solve_auto"]
+__all__ = ["auto"]
 
 #: heuristics tried first, in order: (label in ``info["candidates"]``, strategy, options)
 HEURISTICS: tuple[tuple[str, str, dict[str, Any]], ...] = (
@@ -54,14 +54,13 @@ HEURISTIC_SHARE = 0.3
 GAP_TOLERANCE = 1e-4
 
 
-def solve_auto(
+def auto(
     graph: Graph,
     budget: int,
     *,
     time_limit: float | None = None,
     progress: ProgressFn | None = None,
     milp_max_nodes: int = MILP_MAX_NODES,
-    **_: Any,
 ) -> SolveResult:
     """Run the portfolio; return the cheapest schedule within ``budget``.
 

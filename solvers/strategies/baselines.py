@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from solvers.errors import OptionError
 from solvers.graph import Graph
 from solvers.result import SolveResult, Status
 from solvers.schedule import Schedule, schedule_from_order, simulate
@@ -55,9 +56,7 @@ __all__ = [
 _MODES = ("linearized", "articulation")
 
 
-def checkpoint_all(
-    graph: Graph, budget: int, *, time_limit: float | None = None, **options: Any
-) -> SolveResult:
+def checkpoint_all(graph: Graph, budget: int, *, time_limit: float | None = None) -> SolveResult:
     """Run every node once in id order; free each value after its last read.
 
     Its cost (the sum of all node costs) is a lower bound on any schedule, so a fitting
@@ -69,9 +68,7 @@ def checkpoint_all(
     return _result("checkpoint-all", graph, budget, sched, t0, {}, optimal=True)
 
 
-def checkpoint_last_node(
-    graph: Graph, budget: int, *, time_limit: float | None = None, **options: Any
-) -> SolveResult:
+def checkpoint_last_node(graph: Graph, budget: int, *, time_limit: float | None = None) -> SolveResult:
     """Stage t keeps only node t-1's output (and non-recomputable values); it recomputes
     every other ancestor node t needs. Minimal memory, quadratic compute."""
     t0 = time.perf_counter()
@@ -93,7 +90,6 @@ def chen_sqrtn(
     *,
     time_limit: float | None = None,
     mode: str = "best",
-    **options: Any,
 ) -> SolveResult:
     """Chen et al.'s sqrt(n) checkpoints.
 
@@ -161,7 +157,6 @@ def chen_greedy(
     time_limit: float | None = None,
     mode: str = "best",
     thresholds: int = 40,
-    **options: Any,
 ) -> SolveResult:
     """Chen et al.'s greedy segmentation, swept over ``thresholds`` memory thresholds
     (geometric, from the smallest candidate size to the total forward memory).
@@ -217,7 +212,7 @@ def revolve_table(length: int, slots: int) -> tuple[npt.NDArray[np.int64], npt.N
     return T, choice
 
 
-def griewank(graph: Graph, budget: int, *, time_limit: float | None = None, **options: Any) -> SolveResult:
+def griewank(graph: Graph, budget: int, *, time_limit: float | None = None) -> SolveResult:
     """Binomial checkpointing (revolve) for training graphs whose forward part is a chain.
 
     The forward sweep and every later recomputation advance from the nearest stored
@@ -322,7 +317,7 @@ def _modes(mode: str) -> tuple[str, ...]:
     if mode == "best":
         return _MODES
     if mode not in _MODES:
-        raise ValueError(f"mode={mode!r}: choose 'linearized', 'articulation' or 'best'")
+        raise OptionError(f"mode={mode!r}: choose 'linearized', 'articulation' or 'best'")
     return (mode,)
 
 

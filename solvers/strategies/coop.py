@@ -24,6 +24,7 @@ import statistics
 import time
 from typing import Any
 
+from solvers.errors import OptionError
 from solvers.graph import Graph
 from solvers.pool import MemoryPool
 from solvers.result import SolveResult
@@ -48,7 +49,7 @@ class CoopSimulator(DTRSimulator):
         partition: bool = True,
     ) -> None:
         if heuristic not in _HEURISTICS:
-            raise ValueError(f"coop heuristic={heuristic!r}: choose one of {', '.join(_HEURISTICS)}")
+            raise OptionError(f"coop heuristic={heuristic!r}: choose one of {', '.join(_HEURISTICS)}")
         super().__init__(graph, budget, heuristic, thrash_factor=thrash_factor, time_limit=time_limit)
         self.pool = MemoryPool(capacity=self.budget, policy="best-fit")
         dens = [c / m for c, m in zip(self.cost, self.mem) if m > 0]
@@ -115,7 +116,6 @@ def coop(
     heuristic: str = "eq",
     partition: bool = True,
     thrash_factor: float = DEFAULT_THRASH_FACTOR,
-    **options: Any,
 ) -> SolveResult:
     """The Coop strategy: FEASIBLE with a schedule whose tensors also fit a pool of
     ``budget`` bytes with addresses, or NO_SOLUTION with the reason.

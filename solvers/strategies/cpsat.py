@@ -33,7 +33,7 @@ if importlib.util.find_spec("ortools") is None:  # pragma: no cover - needs a ve
         name="ortools",
     )
 
-__all__ = ["solve_cpsat", "main"]
+__all__ = ["cpsat", "main"]
 
 _MODEL = "solvers.strategies.cpsat_model"
 _WORKER = "from solvers.strategies.cpsat import main; main()"
@@ -93,12 +93,13 @@ def _heuristic_hint(graph: Graph, budget: int) -> Schedule | None:
     return res.schedule if res.ok else None
 
 
-def solve_cpsat(
+def cpsat(
     graph: Graph,
     budget: int,
     *,
     time_limit: float | None = None,
     isolate: bool | None = None,
+    auto_hint: bool = True,
     **options: Any,
 ) -> SolveResult:
     """Plan ``graph`` under ``budget`` bytes with the CP-SAT retention-interval model.
@@ -109,8 +110,8 @@ def solve_cpsat(
         time_limit: seconds for the search; the best incumbent is returned.
         isolate: run in the worker process (default: unless OR-Tools is already loaded
             here; see the module docstring).
-        options: ``max_computes`` (3), ``backward_once`` (True), ``hint`` (a Schedule;
-            by default, with ``auto_hint`` True, the DTR heuristic's schedule when it fits),
+        auto_hint: without a ``hint``, start from the DTR heuristic's schedule when it fits.
+        options: ``max_computes`` (3), ``backward_once`` (True), ``hint`` (a Schedule),
             ``workers`` (2), ``seed`` (0), ``progress`` (in-process runs only); see
             :func:`solvers.strategies.cpsat_model.solve_in_process`.
 
@@ -122,9 +123,8 @@ def solve_cpsat(
         SolverError: CP-SAT rejected the model, or the worker process died.
     """
     scaling.check_cost_span(graph, "CP-SAT")  # here, not only in the worker: a GraphError
-    if options.get("hint") is None and options.pop("auto_hint", True):
+    if options.get("hint") is None and auto_hint:
         options["hint"] = _heuristic_hint(graph, budget)
-    options.pop("auto_hint", None)
     if isolate is None:
         isolate = _MODEL not in sys.modules or "ortools.sat.python.cp_model" not in sys.modules
     if not isolate:

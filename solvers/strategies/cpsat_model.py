@@ -21,9 +21,8 @@ O(n) integer variables instead of the Checkmate MILP's O(n²) binaries:
 - objective: minimize Σ cost_v · p_vk (the first computes are a constant).
 
 Restrictions (the result is optimal *within* them; see ``info["restrictions"]``):
-``C_v`` computes per node (``max_computes``, default 3); nodes marked fixed-once (non-
-recomputable nodes, ``graph.meta["fixed_once"]`` from :mod:`solvers.reduce`, and backward
-nodes when ``backward_once``) have C_v = 1; time is staged as in the Checkmate MILP (first
+``C_v`` computes per node (``max_computes``, default 3); non-recomputable nodes, and
+backward nodes when ``backward_once``, have C_v = 1; time is staged as in the Checkmate MILP (first
 computes in id order; recomputes before the first compute of the stage's node, in id order),
 the same frontier-advancing restriction as the MILP.
 So a CP-SAT "infeasible" is not a proof that no schedule exists: it maps to ``no_solution``
@@ -41,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from solvers import scaling
+from solvers.bounds import below_floor
 from solvers.errors import SolverError
 from solvers.graph import Graph
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
@@ -97,10 +97,6 @@ def _computes_allowed(graph: Graph, max_computes: int, backward_once: bool) -> t
     caps = np.full(graph.n, max(1, int(max_computes)), dtype=np.int64)
     notes = [f"at most {int(max_computes)} computes per node"]
     caps[~graph.recomputable_mask] = 1
-    fixed = graph.meta.get("fixed_once") if graph.meta else None
-    if fixed is not None:
-        caps[np.asarray(fixed, dtype=np.int64)] = 1  # ids (solvers.reduce)
-        notes.append("nodes in graph.meta['fixed_once'] computed once")
     if backward_once:
         caps[graph.backward_mask] = 1
         notes.append("backward nodes computed once")
@@ -324,7 +320,7 @@ def solve_in_process(
     **_: Any,
 ) -> SolveResult:
     """Plan ``graph`` under ``budget`` with the retention-interval CP model on CP-SAT, in
-    this process (see :func:`solvers.strategies.cpsat.solve_cpsat`, which isolates it).
+    this process (see :func:`solvers.strategies.cpsat.cpsat`, which isolates it).
 
     Args:
         graph: the graph.
@@ -345,13 +341,8 @@ def solve_in_process(
     Raises:
         SolverError: CP-SAT rejected the model (a bug).
     """
-    from solvers.api import memory_lower_bound
-
-    floor = memory_lower_bound(graph)
-    if budget < floor:
-        return SolveResult(
-            "cpsat", Status.INFEASIBLE, budget, info={"min_budget": floor, "min_budget_exact": False}
-        )
+    if (early := below_floor("cpsat", graph, budget)) is not None:
+        return early
     t0 = time.perf_counter()
     index = build_model(graph, budget, max_computes=max_computes, backward_once=backward_once)
     hinted = _add_hint(graph, index, hint) if hint is not None else False

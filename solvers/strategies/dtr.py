@@ -27,15 +27,21 @@ evicted neighbourhood (evicted values connected to t through evicted values, bot
 - ``"local"``: c(t) / (m(t) s(t)).
 - ``"lru"``: 1 / s(t) (least recently used first).
 - ``"size"``: 1 / m(t) (largest first; ties by staleness).
+
+The module is over 450 lines because the online simulator (``DTRSimulator``, about 270
+lines with its evicted-neighbourhood bookkeeping) is one class; the strategy entry points
+around it are short.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from solvers.errors import OptionError
 from solvers.graph import Graph
 from solvers.result import SolveResult, Status
 from solvers.schedule import COMPUTE, FREE, Schedule, Step, simulate
@@ -102,7 +108,7 @@ class DTRSimulator:
         banish: bool = True,
     ) -> None:
         if heuristic not in HEURISTICS:
-            raise ValueError(f"heuristic={heuristic!r}: choose one of {', '.join(HEURISTICS)}")
+            raise OptionError(f"heuristic={heuristic!r}: choose one of {', '.join(HEURISTICS)}")
         self.graph = graph
         self.budget = int(budget)
         self.heuristic = heuristic
@@ -380,7 +386,6 @@ def dtr(
     heuristic: str = DEFAULT_HEURISTIC,
     thrash_factor: float = DEFAULT_THRASH_FACTOR,
     banish: bool = True,
-    **options: Any,
 ) -> SolveResult:
     """The DTR strategy: FEASIBLE with the replay's schedule, or NO_SOLUTION with the
     reason in ``info["message"]`` (budget too small for the locked values, thrashing).
@@ -397,37 +402,29 @@ def dtr(
     return _solve("dtr", graph, budget, heuristic, thrash_factor, time_limit, DTRSimulator, banish=banish)
 
 
-def dtr_full(graph: Graph, budget: int, *, time_limit: float | None = None, **options: Any) -> SolveResult:
-    """DTR with h_DTR (exact evicted neighbourhood)."""
-    return _variant("dtr", graph, budget, time_limit, options)
-
-
-def dtr_eq(graph: Graph, budget: int, *, time_limit: float | None = None, **options: Any) -> SolveResult:
-    """DTR with h_eq (union-find neighbourhood)."""
-    return _variant("eq", graph, budget, time_limit, options)
-
-
-def dtr_local(graph: Graph, budget: int, *, time_limit: float | None = None, **options: Any) -> SolveResult:
-    """DTR with h_local = c / (m s)."""
-    return _variant("local", graph, budget, time_limit, options)
-
-
-def dtr_lru(graph: Graph, budget: int, *, time_limit: float | None = None, **options: Any) -> SolveResult:
-    """DTR evicting the least recently used value."""
-    return _variant("lru", graph, budget, time_limit, options)
-
-
-def dtr_size(graph: Graph, budget: int, *, time_limit: float | None = None, **options: Any) -> SolveResult:
-    """DTR evicting the largest value."""
-    return _variant("size", graph, budget, time_limit, options)
-
-
-def _variant(
-    heuristic: str, graph: Graph, budget: int, time_limit: float | None, options: dict[str, Any]
-) -> SolveResult:
-    thrash = float(options.get("thrash_factor", DEFAULT_THRASH_FACTOR))
+def _variant(heuristic: str, doc: str) -> Callable[..., SolveResult]:
+    """The entry point of DTR with one fixed heuristic (its options: ``thrash_factor``)."""
     name = "dtr-full" if heuristic == "dtr" else f"dtr-{heuristic}"
-    return _solve(name, graph, budget, heuristic, thrash, time_limit, DTRSimulator)
+
+    def variant(
+        graph: Graph,
+        budget: int,
+        *,
+        time_limit: float | None = None,
+        thrash_factor: float = DEFAULT_THRASH_FACTOR,
+    ) -> SolveResult:
+        return _solve(name, graph, budget, heuristic, float(thrash_factor), time_limit, DTRSimulator)
+
+    variant.__name__ = variant.__qualname__ = name.replace("-", "_")
+    variant.__doc__ = doc
+    return variant
+
+
+dtr_full = _variant("dtr", "DTR with h_DTR (exact evicted neighbourhood).")
+dtr_eq = _variant("eq", "DTR with h_eq (union-find neighbourhood).")
+dtr_local = _variant("local", "DTR with h_local = c / (m s).")
+dtr_lru = _variant("lru", "DTR evicting the least recently used value.")
+dtr_size = _variant("size", "DTR evicting the largest value.")
 
 
 def _solve(

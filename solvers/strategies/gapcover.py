@@ -61,11 +61,11 @@ MAX_NONZEROS = 8_000_000
 
 def keep_all_memory(graph: Graph) -> IntArray:
     """``M[t]``: bytes resident right after node t runs in the id-order run that holds
-    every value from its computation to its last read (what the simulator measures)."""
-    diff = np.zeros(graph.n + 1, dtype=np.int64)
-    np.add.at(diff, np.arange(graph.n), graph.mem)
-    np.add.at(diff, graph.last_use + 1, -graph.mem)
-    return np.cumsum(diff[:-1])
+    every value from its computation to its last read: the simulator's timeline of
+    :func:`solvers.schedule.schedule_from_order` at its compute steps."""
+    sched = schedule_from_order(graph, range(graph.n))
+    at = [s for s, (op, _) in enumerate(sched.steps) if op == COMPUTE]
+    return simulate(graph, sched).timeline[at].astype(np.int64)
 
 
 def _intervals(lo: IntArray, hi: IntArray, owner: IntArray) -> tuple[IntArray, IntArray]:
@@ -281,7 +281,7 @@ def gap_cover(
     time_limit: float | None = None,
     rounds: int = ROUNDS,
     chains: bool = True,
-    **options: Any,
+    mip_rel_gap: float = 1e-3,
 ) -> SolveResult:
     """Solve the gap-covering MIP (see the module docstring) and replay its plan.
 
@@ -325,9 +325,7 @@ def gap_cover(
         build += time.perf_counter() - tb
         if chained and gaps.columns[2] == 0:
             break  # no freed input to recompute: the same model again
-        best = _search(
-            graph, budget, gaps, need, deadline, rounds, float(options.get("mip_rel_gap", 1e-3)), info
-        )
+        best = _search(graph, budget, gaps, need, deadline, rounds, float(mip_rel_gap), info)
         if best is not None:
             break
     elapsed = time.perf_counter() - t0

@@ -44,7 +44,7 @@ import numpy.typing as npt
 from solvers.graph import Graph
 from solvers.repeats import edge_classes, find_repeats
 from solvers.result import SolveResult, Status
-from solvers.schedule import COMPUTE, FREE, PAGEIN, Schedule, SimResult, schedule_from_order, simulate
+from solvers.schedule import Schedule, SimResult, schedule_from_order, simulate
 from solvers.strategies._segments import drop_sequence, forced_keep, last_forward_reader, schedule_from_kept
 from solvers.strategies.baselines import chen_greedy_sets
 
@@ -61,18 +61,11 @@ def resident_at(graph: Graph, schedule: Schedule, step: int) -> npt.NDArray[np.b
 
 def _state_at(graph: Graph, schedule: Schedule, step: int) -> tuple[npt.NDArray[np.bool_], int]:
     """The resident values right after ``schedule.steps[step]``, and how many compute
-    steps ran up to it (one pass over the steps)."""
+    steps ran up to it: the simulator's replay of the prefix."""
+    sim = simulate(graph, schedule.steps[: step + 1])
     resident = np.zeros(graph.n, dtype=bool)
-    computes = 0
-    for op, i in schedule.steps[: step + 1]:
-        if op == COMPUTE:
-            resident[i] = True
-            computes += 1
-        elif op == PAGEIN:
-            resident[i] = True
-        elif op == FREE:
-            resident[i] = False
-    return resident, computes
+    resident[list(sim.resident_end)] = True
+    return resident, int(sim.compute_counts.sum())
 
 
 def peak_greedy(
@@ -83,7 +76,6 @@ def peak_greedy(
     starts: int | None = None,
     repairs: int | None = None,
     tie_layers: bool = False,
-    **options: Any,
 ) -> SolveResult:
     """Search the kept set with the simulator (see the module docstring).
 

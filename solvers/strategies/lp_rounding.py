@@ -1,6 +1,6 @@
 """LP relaxation of the Checkmate MILP with two-phase rounding (Jain et al., MLSys 2020, §5).
 
-1. Solve the LP relaxation of :func:`solvers.strategies.ilp.formulate` at the budget: its
+1. Solve the LP relaxation of :func:`solvers.formulation.formulate` at the budget: its
    objective is a lower bound on the cost of every schedule within the budget. By default
    the LP runs on a restricted support (values only while they are live in the keep-all
    schedule), several times smaller; its duals give a Lagrangian bound on the full model,
@@ -34,21 +34,16 @@ import numpy as np
 import numpy.typing as npt
 
 from solvers import highs
-from solvers.api import memory_lower_bound
+from solvers.bounds import below_floor, memory_lower_bound
+from solvers.duals import lagrangian_bound, reduced_costs
+from solvers.errors import OptionError
+from solvers.formulation import MilpModel, formulate, liveness_masks, problem_of
 from solvers.graph import Graph
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
 from solvers.schedule import schedule_from_rs, simulate
 from solvers.stages import complete_rs, rs_cost, stage_memory
-from solvers.strategies.ilp import (
-    MilpModel,
-    formulate,
-    lagrangian_bound,
-    liveness_masks,
-    problem_of,
-    reduced_costs,
-)
 
-__all__ = ["solve_lp_rounding", "round_threshold_sweep", "thresholds_for", "rounding_grace"]
+__all__ = ["lp_rounding", "round_threshold_sweep", "thresholds_for", "rounding_grace"]
 
 BoolMatrix = npt.NDArray[np.bool_]
 
@@ -115,7 +110,7 @@ def round_threshold_sweep(
     return best
 
 
-def solve_lp_rounding(
+def lp_rounding(
     graph: Graph,
     budget: int,
     *,
@@ -147,9 +142,9 @@ def solve_lp_rounding(
         threads: HiGHS threads.
         progress: called with :class:`SolveProgress` after each LP and rounding.
         support: "liveness" (default) solves the LP on the restricted support of
-            :func:`~solvers.strategies.ilp.liveness_masks` (several times smaller) and
+            :func:`~solvers.formulation.liveness_masks` (several times smaller) and
             certifies the bound on the full model with its duals
-            (:func:`~solvers.strategies.ilp.lagrangian_bound`); "full" solves the full LP.
+            (:func:`~solvers.duals.lagrangian_bound`); "full" solves the full LP.
             Falls back to the full LP when the restricted one is infeasible.
         pricing_rounds: when the restricted LP's bound is not certified, at most this
             many rounds of column generation (admit the R and S columns whose reduced
@@ -167,14 +162,8 @@ def solve_lp_rounding(
         SolverError: HiGHS failed.
     """
     t0 = time.perf_counter()
-    floor = memory_lower_bound(graph)
-    if budget < floor:
-        return SolveResult(
-            "lp-rounding",
-            Status.INFEASIBLE,
-            budget,
-            info={"min_budget": floor, "reason": "largest op working set"},
-        )
+    if (early := below_floor("lp-rounding", graph, budget)) is not None:
+        return early
     deadline = None if time_limit is None else t0 + time_limit
     hard_deadline = None if time_limit is None else t0 + time_limit + rounding_grace(time_limit)
     full = formulate(graph, budget)
@@ -183,7 +172,7 @@ def solve_lp_rounding(
     if support == "liveness":
         model = formulate(graph, budget, support=masks)
     elif support != "full":
-        raise ValueError(f"support must be 'liveness' or 'full', not {support!r}")
+        raise OptionError(f"support must be 'liveness' or 'full', not {support!r}")
     build = time.perf_counter() - t0
     info: dict[str, Any] = {
         "num_vars": model.num_vars,
@@ -238,7 +227,7 @@ def solve_lp_rounding(
             res = lp(model, factor, "full (restricted infeasible)")
         if res.status == Status.INFEASIBLE:
             if factor >= 1.0:
-                info["min_budget"] = floor
+                info["min_budget"] = memory_lower_bound(graph)
                 return SolveResult(
                     "lp-rounding",
                     Status.INFEASIBLE,

@@ -4,7 +4,7 @@ Patil, Jha, Ha, Gonzalez, Prasanna, "POET: Training Neural Networks on Tiny Devi
 Integrated Rematerialization and Paging", ICML 2022. POET adds to Checkmate's (R, S)
 binaries a secondary store (host memory), page-out and page-in binaries, and charges every
 transfer in the objective. This module builds that model on top of the Checkmate MILP of
-:mod:`solvers.strategies.ilp` (same stages, variables, memory recurrence and HiGHS
+:mod:`solvers.formulation` (same stages, variables, memory recurrence and HiGHS
 boundary) and appends the paging columns and rows:
 
 - ``IN[t,i]`` binary (wherever ``S[t,i]`` exists): i is paged in at the start of stage t.
@@ -31,7 +31,7 @@ unbounded. Decoded schedules use the steps ``("pageout", i)`` and ``("pagein", i
 
 A schedule that computes every node once, pages every value out after computing it and
 pages each input in for the stage that reads it fits any budget at or above the largest
-single-op working set (:func:`solvers.api.memory_lower_bound`); it is the MILP's first
+single-op working set (:func:`solvers.bounds.memory_lower_bound`); it is the MILP's first
 incumbent, so POET always has a schedule where that bound allows one, including budgets
 where the no-paging MILP is infeasible.
 """
@@ -49,14 +49,22 @@ import numpy.typing as npt
 import scipy.sparse as sp
 
 from solvers import highs
-from solvers.api import memory_lower_bound
+from solvers.bounds import below_floor, memory_lower_bound
 from solvers.errors import ScheduleError, SolverError
+from solvers.formulation import (
+    BoolMatrix,
+    FloatArray,
+    IntArray,
+    MilpModel,
+    formulate,
+    max_violation,
+    problem_of,
+)
 from solvers.graph import Graph
 from solvers.hostlink import HostLink, host_link
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
-from solvers.schedule import COMPUTE, FREE, PAGEIN, PAGEOUT, Schedule, Step, schedule_from_order, simulate
-from solvers.stages import complete_rs, s_from_schedule
-from solvers.strategies.ilp import MilpModel, formulate, max_violation, problem_of
+from solvers.schedule import PAGEIN, PAGEOUT, Schedule, schedule_from_order, schedule_from_rs, simulate
+from solvers.stages import complete_rs, s_from_schedule, stage_memory
 
 __all__ = [
     "HostLink",
@@ -67,12 +75,8 @@ __all__ = [
     "encode_poet",
     "decode_poet",
     "page_all_schedule",
-    "solve_poet",
+    "poet",
 ]
-
-IntArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float64]
-BoolMatrix = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,7 @@ def formulate_poet(graph: Graph, budget: int, link: HostLink) -> PoetModel:
     s_block = A[:, S0 : S0 + num_s].tocoo()
     positive = s_block.data > 0
     if np.bincount(s_block.col[positive], minlength=num_s).max(initial=0) > 1:
-        raise AssertionError("ilp.formulate changed: an S column has more than one positive entry")
+        raise AssertionError("formulation.formulate changed: an S column has more than one positive entry")
     in_block = sp.csc_matrix(
         (s_block.data[~positive], (s_block.row[~positive], s_block.col[~positive])), shape=(rows, num_s)
     )
@@ -198,7 +202,6 @@ def encode_poet(
         The vector, or None when it uses a variable the model lacks or breaks a row.
     """
     idx, pg, milp = model.milp.index, model.paging, model.milp
-    n = graph.n
     Rm, Sm, INm = (np.asarray(a, dtype=bool) for a in (R, S, IN))
     OUTv = np.asarray(OUT, dtype=bool)
     x = np.zeros(milp.num_vars)
@@ -213,35 +216,18 @@ def encode_poet(
         or x[pg.out_off :].sum() != OUTv.sum()
     ):
         return None
-    # the memory accounting of stage_memory, with "on the device at the stage start"
-    # (kept or paged in) apart from "kept into the next stage"
-    present = Sm | INm
-    e = graph.edge_array
-    last_read = np.full((n, n), -1, dtype=np.int64)
-    if len(e):
-        vals = np.where(Rm[:, e[:, 1]], e[:, 1][None, :], -1)
-        rows = np.broadcast_to(np.arange(n)[:, None], vals.shape).ravel()
-        np.maximum.at(last_read, (rows, np.broadcast_to(e[:, 0], vals.shape).ravel()), vals.ravel())
-    cols = np.broadcast_to(np.arange(n)[None, :], (n, n))
-    free_pos = np.where(last_read >= 0, last_read, np.where(Rm, cols, -1))
-    keep_next = np.zeros_like(Sm)
-    keep_next[:-1] = Sm[1:]
-    freed = (present | Rm) & ~keep_next & (free_pos >= 0)
-    mem = graph.mem.astype(np.int64)
-    freed_mem = np.zeros((n, n), dtype=np.int64)
-    ft, fi = np.nonzero(freed)
-    np.add.at(freed_mem, (ft, free_pos[ft, fi]), mem[fi])
-    U = (present.astype(np.int64) @ mem)[:, None] + np.cumsum(Rm * mem[None, :], axis=1)
-    U[:, 1:] -= np.cumsum(freed_mem, axis=1)[:, :-1]
-    x[idx.f_off : pg.in_off] = freed[idx.f_t, idx.f_i] & (free_pos[idx.f_t, idx.f_i] == idx.f_p)
-    x[idx.u_off : idx.f_off] = U[idx.r_t, idx.r_i] / milp.mem_unit
+    # on the device at the stage start: kept or paged in; S alone says what is kept on
+    sm = stage_memory(graph, Rm, Sm, present=Sm | INm)
+    x[idx.f_off : pg.in_off] = sm.freed[idx.f_t, idx.f_i] & (sm.free_pos[idx.f_t, idx.f_i] == idx.f_p)
+    x[idx.u_off : idx.f_off] = sm.U[idx.r_t, idx.r_i] / milp.mem_unit
     if max_violation(milp, x) > 1e-9:
         return None
     return x
 
 
 def decode_poet(graph: Graph, R: BoolMatrix, S: BoolMatrix, IN: BoolMatrix, OUT: npt.ArrayLike) -> Schedule:
-    """Steps for binary (R, S, IN, OUT) matrices.
+    """Steps for binary (R, S, IN, OUT) matrices: :func:`solvers.schedule.schedule_from_rs`
+    with page-ins ``IN`` and page-outs ``OUT``.
 
     Stage t: free the values it neither reads nor keeps; page in ``IN[t]`` (those it reads
     or keeps and that are not on the device); compute ``R[t]`` in id order (skipping values
@@ -252,50 +238,7 @@ def decode_poet(graph: Graph, R: BoolMatrix, S: BoolMatrix, IN: BoolMatrix, OUT:
         ScheduleError: the matrices are inconsistent (a read of a value that is neither
             on the device nor paged in, a page-in without a host copy).
     """
-    n = graph.n
-    Rm, Sm, INm = (np.asarray(a, dtype=bool) for a in (R, S, IN))
-    OUTv = np.asarray(OUT, dtype=bool)
-    preds = graph.preds
-    resident = np.zeros(n, dtype=bool)
-    on_host = np.zeros(n, dtype=bool)
-    done = np.zeros(n, dtype=bool)
-    steps: list[Step] = []
-    for t in range(n):
-        keep_next = Sm[t + 1] if t + 1 < n else np.zeros(n, dtype=bool)
-        if (Sm[t] & ~resident).any():
-            i = int(np.flatnonzero(Sm[t] & ~resident)[0])
-            raise ScheduleError(f"stage {t}: S keeps node {i} which is not on the device")
-        incoming = INm[t] & ~resident
-        comp: list[int] = np.flatnonzero(Rm[t] & ~resident & ~incoming).tolist()
-        last_read = np.full(n, -1, dtype=np.int64)
-        for k in comp:
-            for p in preds[k]:
-                last_read[p] = k
-        for i in np.flatnonzero(resident & (last_read < 0) & ~keep_next).tolist():
-            steps.append((FREE, i))
-            resident[i] = False
-        for i in np.flatnonzero(incoming & ((last_read >= 0) | keep_next)).tolist():
-            if not on_host[i]:
-                raise ScheduleError(f"stage {t}: pages in node {i} which was never paged out")
-            steps.append((PAGEIN, i))
-            resident[i] = True
-        for k in comp:
-            for p in preds[k]:
-                if not resident[p]:
-                    raise ScheduleError(
-                        f"stage {t}: computing node {k} reads node {p}, which is not on the device"
-                    )
-            steps.append((COMPUTE, k))
-            resident[k] = True
-            if OUTv[k] and not done[k]:
-                steps.append((PAGEOUT, k))
-                on_host[k] = True
-            done[k] = True
-            for j in (*preds[k], k):
-                if resident[j] and last_read[j] <= k and not keep_next[j]:
-                    steps.append((FREE, j))
-                    resident[j] = False
-    return Schedule(tuple(steps), R=Rm.copy(), S=Sm.copy())
+    return schedule_from_rs(graph, R, S, pagein=IN, pageout=OUT)
 
 
 def _page_all(graph: Graph) -> tuple[BoolMatrix, BoolMatrix, BoolMatrix, npt.NDArray[np.bool_]]:
@@ -317,7 +260,7 @@ def page_all_schedule(graph: Graph) -> Schedule:
     return decode_poet(graph, *_page_all(graph))
 
 
-def solve_poet(
+def poet(
     graph: Graph,
     budget: int,
     *,
@@ -372,10 +315,8 @@ def solve_poet(
     info: dict[str, Any] = {
         "host_link": {"bandwidth": link.bandwidth, "latency": link.latency, "source": link.source}
     }
-    floor = memory_lower_bound(graph)
-    if budget < floor:
-        info.update(min_budget=floor, min_budget_exact=True, reason="largest op working set")
-        return SolveResult("poet", Status.INFEASIBLE, budget, info=info)
+    if (early := below_floor("poet", graph, budget, exact=True, **info)) is not None:
+        return early
     model = formulate_poet(graph, budget, link)
     milp = model.milp
     starts = [encode_poet(graph, model, *_page_all(graph))]
@@ -409,7 +350,9 @@ def solve_poet(
     info["bound"] = None if res.bound is None else res.bound * milp.cost_unit
     common: dict[str, Any] = {"build_seconds": build, "solve_seconds": res.seconds}
     if res.status == Status.INFEASIBLE:  # the page-everything schedule fits: a solver bug
-        raise SolverError(f"HiGHS reports the POET model infeasible at {budget} bytes >= the floor {floor}")
+        raise SolverError(
+            f"HiGHS reports the POET model infeasible at {budget} bytes >= the floor {memory_lower_bound(graph)}"
+        )
     if res.x is None:
         return SolveResult("poet", Status.NO_SOLUTION, budget, info=info, **common)
     try:

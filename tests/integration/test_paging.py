@@ -20,7 +20,7 @@ from checkmate.codegen import generate
 from checkmate.paging import PagedModules, page_saved
 from checkmate.trace import JointGraph, build_graph
 from solvers import Schedule, memory_lower_bound, validate
-from solvers.strategies.poet import page_all_schedule, solve_poet
+from solvers.strategies.poet import page_all_schedule, poet
 
 pytestmark = pytest.mark.torch
 
@@ -128,7 +128,7 @@ def test_paged_step_matches_eager(which: str, kind: str, monkeypatch: pytest.Mon
         if which == "page-everything":
             return page_all_schedule(g)
         bw, lat = (math.inf, 0.0) if which == "poet-free-link" else (1e6, 0.01)
-        res = solve_poet(g, memory_lower_bound(g), time_limit=60, bandwidth=bw, latency=lat)
+        res = poet(g, memory_lower_bound(g), time_limit=60, bandwidth=bw, latency=lat)
         assert res.ok and res.schedule is not None
         return res.schedule
 

@@ -3,6 +3,7 @@ reaches the published VGG16 optimum, maps statuses and honours hints."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from solvers.io import load_graph
 from solvers.result import SolveResult, Status
 from solvers.schedule import Schedule, keep_all_peak, schedule_from_order, validate
 from solvers.strategies import get_strategy
-from solvers.strategies.cpsat import solve_cpsat
+from solvers.strategies.cpsat import cpsat
 from tests.graphs import PUBLIC, REPO
 
 from ._bruteforce import optimal_cost, random_dag
@@ -46,7 +47,7 @@ def with_loss(n: int) -> Graph:
 
 def test_registered_and_runs_through_api() -> None:
     g = chain(5)
-    assert get_strategy("cpsat") is solve_cpsat
+    assert inspect.unwrap(get_strategy("cpsat")) is cpsat
     res = solve(g, 1.0, "cpsat", time_limit=10)
     assert res.status == Status.OPTIMAL
     assert res.cost == pytest.approx(g.total_cost)
@@ -60,13 +61,13 @@ def test_known_answer_forward_backward_chain() -> None:
     assert keep_all_peak(g) == 5
     for budget in (5, 4, 3):
         want = optimal_cost(g, budget, staged=True)
-        res = solve_cpsat(g, budget, time_limit=10, max_computes=4, backward_once=False)
+        res = cpsat(g, budget, time_limit=10, max_computes=4, backward_once=False)
         assert want is not None
         assert res.status == Status.OPTIMAL
         assert res.cost == pytest.approx(want)
         validate(g, _steps(res), budget)
-    assert solve_cpsat(g, 5, time_limit=10).cost == pytest.approx(8.0)
-    assert solve_cpsat(g, 4, time_limit=10).cost == pytest.approx(9.0)
+    assert cpsat(g, 5, time_limit=10).cost == pytest.approx(8.0)
+    assert cpsat(g, 4, time_limit=10).cost == pytest.approx(9.0)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -78,7 +79,7 @@ def test_agrees_with_brute_force(seed: int) -> None:
     for budget in sorted({lo, (lo + hi) // 2}):
         staged = optimal_cost(g, budget, staged=True)
         free = optimal_cost(g, budget)
-        res = solve_cpsat(g, budget, time_limit=10, max_computes=g.n, backward_once=False)
+        res = cpsat(g, budget, time_limit=10, max_computes=g.n, backward_once=False)
         if staged is None:
             assert res.status == Status.NO_SOLUTION
             assert res.info.get("restricted_infeasible")
@@ -92,7 +93,7 @@ def test_agrees_with_brute_force(seed: int) -> None:
 
 def test_below_working_set_is_proven_infeasible() -> None:
     g = chain(4, mem=3)
-    res = solve_cpsat(g, 5, time_limit=5)
+    res = cpsat(g, 5, time_limit=5)
     assert res.status == Status.INFEASIBLE
     assert res.info["min_budget"] == 6
 
@@ -100,20 +101,20 @@ def test_below_working_set_is_proven_infeasible() -> None:
 def test_hint_is_used_and_respects_restrictions() -> None:
     g = with_loss(5)
     keep_all = schedule_from_order(g, range(g.n))
-    res = solve_cpsat(g, keep_all_peak(g), time_limit=10, hint=keep_all)
+    res = cpsat(g, keep_all_peak(g), time_limit=10, hint=keep_all)
     assert res.info["hinted"] is True
     assert res.cost == pytest.approx(g.total_cost)
     # a hint that computes a node more often than the model allows is rejected, not fatal
     many = schedule_from_order(g, [0, 1, 2, 3, 4, 0, 0, *range(5, g.n)])
-    res = solve_cpsat(g, keep_all_peak(g), time_limit=10, hint=many, max_computes=2)
+    res = cpsat(g, keep_all_peak(g), time_limit=10, hint=many, max_computes=2)
     assert res.info["hinted"] is False
     assert res.status == Status.OPTIMAL
 
 
-def test_fixed_once_meta_and_nonrecomputable_are_honoured() -> None:
+def test_nonrecomputable_nodes_are_computed_once() -> None:
     g = with_loss(5)
     budget = 4
-    free = solve_cpsat(g, budget, time_limit=10, backward_once=False)
+    free = cpsat(g, budget, time_limit=10, backward_once=False)
     nodes = [
         {
             "key": nd.ext,
@@ -126,7 +127,7 @@ def test_fixed_once_meta_and_nonrecomputable_are_honoured() -> None:
         for nd in g.nodes
     ]
     g2 = Graph.build(nodes, [(g.nodes[u].ext, g.nodes[v].ext) for u, v in g.edges])
-    res = solve_cpsat(g2, budget, time_limit=10, backward_once=False)
+    res = cpsat(g2, budget, time_limit=10, backward_once=False)
     assert res.ok and free.ok
     assert _steps(res).compute_counts(g2.n)[0] == 1
     sim = validate(g2, _steps(res), budget)
@@ -137,7 +138,7 @@ def test_vgg16_at_09_reaches_published_optimum() -> None:
     """Checkmate's MILP and Moccasin agree on 1.0197x the no-recompute cost."""
     g = load_graph(PUBLIC / "VGG16_b256_224x224.json")
     budget = int(0.9 * keep_all_peak(g))
-    res = solve_cpsat(g, budget, time_limit=30)
+    res = cpsat(g, budget, time_limit=30)
     assert res.status == Status.OPTIMAL
     sim = validate(g, _steps(res), budget)
     assert sim.cost / g.total_cost == pytest.approx(1.0197, abs=5e-4)
@@ -151,7 +152,7 @@ def test_coexists_with_highspy_in_one_process() -> None:
     highspy = pytest.importorskip("highspy")
     highspy.Highs()
     g = with_loss(4)
-    res = solve_cpsat(g, 4, time_limit=10)
+    res = cpsat(g, 4, time_limit=10)
     assert res.status == Status.OPTIMAL
     assert res.cost == pytest.approx(9.0)
     h = highspy.Highs()
@@ -164,7 +165,7 @@ def test_restricted_infeasible_retries_without_backward_restriction() -> None:
     is infeasible, and the strategy retries without that restriction, reaching the staged
     optimum (28, by exhaustive search)."""
     g = random_dag(15, 8, p_edge=0.3, backward=True)
-    res = solve_cpsat(g, 16, time_limit=10)
+    res = cpsat(g, 16, time_limit=10)
     assert res.info.get("relaxed")
     assert res.status == Status.OPTIMAL
     assert res.cost == pytest.approx(28.0)

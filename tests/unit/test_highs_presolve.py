@@ -11,7 +11,7 @@ from solvers import Graph
 from solvers.graph import Node
 from solvers.result import Status
 from solvers.schedule import keep_all_peak
-from solvers.strategies.ilp import solve_ilp
+from solvers.strategies.ilp import ilp
 
 EDGES = (
     (0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (0, 7), (0, 8), (1, 2), (1, 3), (1, 4), (1, 5), (1, 6),
@@ -33,7 +33,7 @@ def _graph() -> Graph:
 def test_milp_plans_at_the_keep_all_peak_where_presolve_claims_infeasibility() -> None:
     g = _graph()
     peak = keep_all_peak(g)
-    res = solve_ilp(g, peak, time_limit=30)
+    res = ilp(g, peak, time_limit=30)
     assert res.status == Status.OPTIMAL, res.info
     assert res.peak is not None and res.peak <= peak
     assert res.cost == g.total_cost  # nothing needs recomputing at the keep-all peak

@@ -23,18 +23,12 @@ from solvers import (
     solve,
     validate,
 )
+from solvers.formulation import encode, formulate, max_violation, problem_of, warm_start_vector
 from solvers.result import SolveProgress, SolveResult
 from solvers.schedule import schedule_from_rs, simulate
 from solvers.stages import complete_rs, rs_cost, s_from_schedule, stage_memory
 from solvers.strategies import get_strategy
-from solvers.strategies.ilp import (
-    encode,
-    formulate,
-    max_violation,
-    problem_of,
-    solve_ilp,
-    warm_start_vector,
-)
+from solvers.strategies.ilp import ilp
 from tests.graphs import chain, zoo_masked
 
 from ._bruteforce import optimal_cost, random_dag
@@ -64,12 +58,12 @@ def test_training_chain_known_answers() -> None:
     # Only one topological order exists; keeping everything peaks at 4 (f0 f1 f2 b2 while
     # computing b2), so budget 4 costs exactly the 6 computes.
     assert keep_all_peak(g) == 4
-    res = solve_ilp(g, 4, time_limit=LIMIT)
+    res = ilp(g, 4, time_limit=LIMIT)
     assert res.status == Status.OPTIMAL and res.cost == 6
     # Budget 3: at b2 one of f0, f1 must go. Dropping f1 fails (recomputing f1 for b1 needs
     # f0, b2, f1, b1 = 4); dropping f0 works: recompute f0 after b1 (b1, f0, b0 = 3).
     # So the optimum is 7, with f0 computed twice.
-    res = solve_ilp(g, 3, time_limit=LIMIT)
+    res = ilp(g, 3, time_limit=LIMIT)
     assert res.status == Status.OPTIMAL and res.cost == 7
     sim = validate(g, sched(res), 3)
     assert sim.compute_counts.tolist() == [2, 1, 1, 1, 1, 1]
@@ -78,11 +72,11 @@ def test_training_chain_known_answers() -> None:
 
 def test_feasibility_mode_stops_at_a_valid_schedule_without_a_bound() -> None:
     g = training_chain3()
-    res = solve_ilp(g, 3, time_limit=LIMIT, feasibility=True)
+    res = ilp(g, 3, time_limit=LIMIT, feasibility=True)
     assert res.status == Status.FEASIBLE and res.lower_bound is None and res.info["feasibility"]
     sim = validate(g, sched(res), 3)
     assert res.cost == sim.cost >= 7  # any schedule that fits; 7 is the optimum
-    assert solve_ilp(g, 2, time_limit=LIMIT, feasibility=True).status == Status.INFEASIBLE
+    assert ilp(g, 2, time_limit=LIMIT, feasibility=True).status == Status.INFEASIBLE
 
 
 @pytest.mark.slow
@@ -97,7 +91,7 @@ def test_auto_finds_a_plan_where_no_heuristic_fits() -> None:
     budget = int(0.9 * keep_all_peak(g))
     for name in ("peak-greedy", "gap-cover", "dtr", "chen-greedy"):
         assert not get_strategy(name)(g, budget, time_limit=10).ok, name
-    res = solve_ilp(g, budget, time_limit=None, feasibility=True)
+    res = ilp(g, budget, time_limit=None, feasibility=True)
     assert res.status == Status.FEASIBLE
     validate(g, sched(res), budget)
     # at 0.6 the objective-free MILP proves the budget infeasible: the MILP does not run again
@@ -126,11 +120,11 @@ def test_auto_plans_from_the_objective_free_milp() -> None:
 
 def test_non_recomputable_nodes_change_the_answer() -> None:
     # f0 may not be recomputed: the only budget-3 schedule above is gone -> infeasible.
-    res = solve_ilp(training_chain3(nonrec=(0,)), 3, time_limit=LIMIT)
+    res = ilp(training_chain3(nonrec=(0,)), 3, time_limit=LIMIT)
     assert res.status == Status.INFEASIBLE
     # f1 pinned instead: recomputing f0 is still allowed, so 7 stays optimal.
     g = training_chain3(nonrec=(1,))
-    res = solve_ilp(g, 3, time_limit=LIMIT)
+    res = ilp(g, 3, time_limit=LIMIT)
     assert res.status == Status.OPTIMAL and res.cost == 7
     validate(g, sched(res), 3)
 
@@ -140,10 +134,10 @@ def test_diamond_needs_its_whole_width(diamond: Graph) -> None:
     # a + b + c = 9 at that moment whatever is recomputed. The cheap bound (a + c = 7) does
     # not see this: the MILP itself must prove 7 and 8 infeasible.
     for budget in (7, 8):
-        assert solve_ilp(diamond, budget, time_limit=LIMIT).status == Status.INFEASIBLE
-    res = solve_ilp(diamond, 9, time_limit=LIMIT)
+        assert ilp(diamond, budget, time_limit=LIMIT).status == Status.INFEASIBLE
+    res = ilp(diamond, 9, time_limit=LIMIT)
     assert res.status == Status.OPTIMAL and res.cost == 10 and res.peak == 9
-    res = solve_ilp(diamond, 6, time_limit=LIMIT)  # below the cheap bound
+    res = ilp(diamond, 6, time_limit=LIMIT)  # below the cheap bound
     assert res.status == Status.INFEASIBLE and res.info["min_budget"] == 7
 
 
@@ -248,26 +242,26 @@ def test_warm_start_is_used_and_time_limit_keeps_the_incumbent() -> None:
     g = chain(30, training=True)
     budget = int(0.4 * keep_all_peak(g))
     # a feasible heuristic-like schedule: the LP rounding's (any valid schedule would do)
-    from solvers.strategies.lp_rounding import solve_lp_rounding
+    from solvers.strategies.lp_rounding import lp_rounding
 
-    heur = solve_lp_rounding(g, budget, time_limit=LIMIT)
+    heur = lp_rounding(g, budget, time_limit=LIMIT)
     assert heur.ok and heur.schedule is not None
     model = formulate(g, budget)
     assert warm_start_vector(g, model, Schedule(heur.schedule.steps)) is not None
-    res = solve_ilp(g, budget, time_limit=0.0, warm_start=Schedule(heur.schedule.steps))
+    res = ilp(g, budget, time_limit=0.0, warm_start=Schedule(heur.schedule.steps))
     assert res.info["warm_start"] is True
     assert heur.cost is not None and res.cost is not None
     assert res.status == Status.FEASIBLE and res.cost <= heur.cost
     validate(g, sched(res), budget)
     # no start and no time: nothing found, nothing invented
-    res = solve_ilp(g, budget, time_limit=0.0)
+    res = ilp(g, budget, time_limit=0.0)
     assert res.status == Status.NO_SOLUTION and res.schedule is None
 
 
 def test_warm_start_over_budget_is_skipped() -> None:
     g = chain(6, training=True)
     everything = schedule_from_order(g, range(g.n))
-    res = solve_ilp(g, int(0.7 * keep_all_peak(g)), time_limit=LIMIT, warm_start=everything)
+    res = ilp(g, int(0.7 * keep_all_peak(g)), time_limit=LIMIT, warm_start=everything)
     assert res.info["warm_start"] is False
     assert res.status == Status.OPTIMAL
 
@@ -275,7 +269,7 @@ def test_warm_start_over_budget_is_skipped() -> None:
 def test_progress_reports_incumbents() -> None:
     g = chain(10, training=True)
     seen: list[SolveProgress] = []
-    res = solve_ilp(g, int(0.5 * keep_all_peak(g)), time_limit=LIMIT, progress=seen.append)
+    res = ilp(g, int(0.5 * keep_all_peak(g)), time_limit=LIMIT, progress=seen.append)
     assert res.status == Status.OPTIMAL
     incumbents = [p.incumbent for p in seen if p.incumbent is not None]
     assert incumbents and min(incumbents) == pytest.approx(res.cost)
@@ -285,8 +279,8 @@ def test_progress_reports_incumbents() -> None:
 def test_relaxation_is_a_lower_bound() -> None:
     g = chain(10, training=True)
     budget = int(0.5 * keep_all_peak(g))
-    lp = solve_ilp(g, budget, time_limit=LIMIT, relax=True)
-    mip = solve_ilp(g, budget, time_limit=LIMIT)
+    lp = ilp(g, budget, time_limit=LIMIT, relax=True)
+    mip = ilp(g, budget, time_limit=LIMIT)
     assert lp.schedule is None and lp.lower_bound is not None
     assert mip.cost is not None and g.total_cost <= lp.lower_bound <= mip.cost + 1e-6
 
@@ -312,7 +306,7 @@ def test_highs_boundary_maps_statuses_and_wraps_errors() -> None:
 def test_decoded_schedule_replays_exactly() -> None:
     g = chain(8, training=True)
     budget = int(0.45 * keep_all_peak(g))
-    res = solve_ilp(g, budget, time_limit=LIMIT)
+    res = ilp(g, budget, time_limit=LIMIT)
     assert res.ok and res.schedule is not None
     sim = simulate(g, res.schedule)
     assert sim.peak <= budget and sim.cost == res.cost
@@ -321,13 +315,13 @@ def test_decoded_schedule_replays_exactly() -> None:
 def test_restricted_support_gives_valid_schedules_and_bounds() -> None:
     g = chain(10, training=True)
     budget = int(0.5 * keep_all_peak(g))
-    exact = solve_ilp(g, budget, time_limit=LIMIT)
-    small = solve_ilp(g, budget, time_limit=LIMIT, support="liveness")
+    exact = ilp(g, budget, time_limit=LIMIT)
+    small = ilp(g, budget, time_limit=LIMIT, support="liveness")
     assert small.info["num_vars"] < exact.info["num_vars"]
     assert small.status == Status.FEASIBLE and small.lower_bound is None
     assert small.cost is not None and exact.cost is not None and small.cost >= exact.cost - 1e-9
     validate(g, sched(small), budget)
-    lp = solve_ilp(g, budget, time_limit=LIMIT, relax=True, support="liveness")
+    lp = ilp(g, budget, time_limit=LIMIT, relax=True, support="liveness")
     assert lp.lower_bound is not None and lp.lower_bound <= exact.cost + 1e-6
     with pytest.raises(ValueError, match="support"):
-        solve_ilp(g, budget, support="tiny")
+        ilp(g, budget, support="tiny")

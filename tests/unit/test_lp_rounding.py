@@ -8,11 +8,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from solvers import Graph, Status, highs, keep_all_peak, memory_lower_bound, validate
+from solvers.duals import lagrangian_bound
+from solvers.formulation import formulate, liveness_masks, problem_of
 from solvers.schedule import schedule_from_rs
 from solvers.stages import closure_r, complete_rs, rs_cost
 from solvers.strategies import get_strategy
-from solvers.strategies.ilp import formulate, lagrangian_bound, liveness_masks, problem_of, solve_ilp
-from solvers.strategies.lp_rounding import round_threshold_sweep, solve_lp_rounding, thresholds_for
+from solvers.strategies.ilp import ilp
+from solvers.strategies.lp_rounding import lp_rounding, round_threshold_sweep, thresholds_for
 from tests.graphs import chain
 from tests.unit.test_ilp import dags, sched, training_chain3
 
@@ -26,14 +28,14 @@ def test_rounding_known_answers() -> None:
     res = get_strategy("lp-rounding")(g, 4, time_limit=LIMIT)
     # budget = keep-all peak: the LP bound is the no-recompute cost and rounding meets it
     assert res.status == Status.OPTIMAL and res.cost == 6 and res.lower_bound == pytest.approx(6)
-    res = solve_lp_rounding(g, 3, time_limit=LIMIT)
+    res = lp_rounding(g, 3, time_limit=LIMIT)
     assert res.ok and res.cost is not None and res.cost >= 7
     validate(g, sched(res), 3)
     assert res.lower_bound is not None and 6 <= res.lower_bound <= 7 + 1e-6
 
 
 def test_rounding_reports_infeasible_below_the_cheap_bound(diamond: Graph) -> None:
-    res = solve_lp_rounding(diamond, memory_lower_bound(diamond) - 1, time_limit=LIMIT)
+    res = lp_rounding(diamond, memory_lower_bound(diamond) - 1, time_limit=LIMIT)
     assert res.status == Status.INFEASIBLE and res.info["min_budget"] == memory_lower_bound(diamond)
 
 
@@ -74,11 +76,11 @@ def test_threshold_sweep_keeps_the_cheapest_fitting_pattern() -> None:
 def test_lp_bound_milp_and_rounding_are_ordered(g: Graph, frac: float) -> None:
     peak = keep_all_peak(g)
     # at the keep-all peak the MILP pays exactly the no-recompute cost
-    full = solve_ilp(g, peak, time_limit=LIMIT)
+    full = ilp(g, peak, time_limit=LIMIT)
     assert full.status == Status.OPTIMAL and full.cost == pytest.approx(g.total_cost)
     budget = max(int(frac * peak), memory_lower_bound(g))
-    mip = solve_ilp(g, budget, time_limit=LIMIT)
-    rounded = solve_lp_rounding(g, budget, time_limit=LIMIT)
+    mip = ilp(g, budget, time_limit=LIMIT)
+    rounded = lp_rounding(g, budget, time_limit=LIMIT)
     if mip.status == Status.INFEASIBLE:
         assert not rounded.ok
         # the exhaustive oracle (same stage structure) agrees that nothing fits
@@ -102,7 +104,7 @@ def test_lagrangian_bound_is_valid_for_any_duals(g: Graph, frac: float, seed: in
     res = highs.solve(problem_of(full), relax=True, time_limit=LIMIT)
     assert res.status in (Status.OPTIMAL, Status.INFEASIBLE), res.status
     if res.status == Status.INFEASIBLE:  # an infeasible LP: the MILP must be infeasible too
-        assert solve_ilp(g, budget, time_limit=LIMIT).status == Status.INFEASIBLE
+        assert ilp(g, budget, time_limit=LIMIT).status == Status.INFEASIBLE
         assert optimal_cost(g, budget, staged=True) is None
         return
     assert res.objective is not None and res.row_dual is not None
@@ -123,8 +125,8 @@ def test_restricted_lp_is_certified_on_unet() -> None:
 
     g = public_graph("vgg_unet_b32_416x608.json")
     budget = int(0.6 * keep_all_peak(g))
-    full_lp = solve_ilp(g, budget, relax=True, time_limit=120)
-    res = solve_lp_rounding(g, budget, time_limit=120)
+    full_lp = ilp(g, budget, relax=True, time_limit=120)
+    res = lp_rounding(g, budget, time_limit=120)
     assert res.info["num_vars"] < 0.7 * res.info["full_num_vars"]
     assert res.info["lp_certified"] is True
     assert res.lower_bound == pytest.approx(full_lp.lower_bound, rel=1e-7)

@@ -3,6 +3,7 @@ no-paging Checkmate MILP and hand-solved answers."""
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -13,8 +14,8 @@ from hypothesis import strategies as st
 from solvers import Graph, ScheduleError, Status, keep_all_peak, memory_lower_bound, simulate, solve, validate
 from solvers.errors import CheckmateError
 from solvers.strategies import get_strategy
-from solvers.strategies.ilp import solve_ilp
-from solvers.strategies.poet import host_link, page_all_schedule, solve_poet
+from solvers.strategies.ilp import ilp
+from solvers.strategies.poet import host_link, page_all_schedule, poet
 from tests.unit.test_dtr import training_graph
 
 LIMIT = 20.0  # seconds per MILP; every model here solves in well under a second
@@ -115,16 +116,16 @@ def test_paging_fits_where_the_no_paging_milp_is_infeasible() -> None:
     g = training_chain(6)
     budget = memory_lower_bound(g)  # 4000: b_i with f_i and b_{i+1}
     assert budget == 4000
-    ilp = solve_ilp(g, budget, time_limit=LIMIT)
-    assert ilp.status == Status.INFEASIBLE  # proven by HiGHS, not by the cheap bound
-    res = solve_poet(g, budget, time_limit=LIMIT, bandwidth=1000.0, latency=0.0)
+    milp = ilp(g, budget, time_limit=LIMIT)
+    assert milp.status == Status.INFEASIBLE  # proven by HiGHS, not by the cheap bound
+    res = poet(g, budget, time_limit=LIMIT, bandwidth=1000.0, latency=0.0)
     assert res.status == Status.OPTIMAL and res.schedule is not None
     sim = validate(g, res.schedule, budget)
     assert sim.peak <= budget and res.info["pageins"] > 0
     assert res.info["total_cost"] == pytest.approx(sim.cost + res.info["transfer_cost"])
     assert res.info["total_cost"] == pytest.approx(res.info["objective"], rel=1e-6)
     # one byte more than the no-paging minimum of 5000, the MILP needs no paging at all
-    assert solve_ilp(g, 5000, time_limit=LIMIT).ok
+    assert ilp(g, 5000, time_limit=LIMIT).ok
 
 
 @pytest.mark.parametrize(
@@ -135,19 +136,19 @@ def test_hand_solved_page_or_recompute(latency: float, a_cost: float, expect_pag
     # at budget 8, a must leave the device during c: page it (2 transfers of 2 bytes at
     # 1 byte/unit: 2 * (latency + 2)) or recompute it before d (a_cost)
     g = held_across(a_cost)
-    res = solve_poet(g, 8, time_limit=LIMIT, bandwidth=1.0, latency=latency)
+    res = poet(g, 8, time_limit=LIMIT, bandwidth=1.0, latency=latency)
     paging = 2 * (latency + 2.0)
     assert res.status == Status.OPTIMAL and res.schedule is not None
     validate(g, res.schedule, 8)
     assert res.info["total_cost"] == pytest.approx(g.total_cost + min(paging, a_cost))
     assert (res.info["pageins"] > 0) == expect_pages
-    assert solve_ilp(g, 8, time_limit=LIMIT).cost == pytest.approx(g.total_cost + a_cost)
+    assert ilp(g, 8, time_limit=LIMIT).cost == pytest.approx(g.total_cost + a_cost)
 
 
 def test_non_recomputable_value_is_paged_not_pinned() -> None:
     g = held_across(5.0, a_recomputable=False)
-    assert solve_ilp(g, 9, time_limit=LIMIT).status == Status.INFEASIBLE
-    res = solve_poet(g, 8, time_limit=LIMIT, bandwidth=2.0, latency=0.5)
+    assert ilp(g, 9, time_limit=LIMIT).status == Status.INFEASIBLE
+    res = poet(g, 8, time_limit=LIMIT, bandwidth=2.0, latency=0.5)
     assert res.status == Status.OPTIMAL and res.schedule is not None
     sim = validate(g, res.schedule, 8)
     assert list(sim.compute_counts) == [1, 1, 1, 1]
@@ -168,7 +169,7 @@ def test_page_everything_fits_the_op_working_set_bound(g: Graph) -> None:
 @given(training_graphs())
 def test_free_transfers_never_recompute(g: Graph) -> None:
     budget = memory_lower_bound(g)
-    res = solve_poet(g, budget, time_limit=LIMIT, bandwidth=math.inf, latency=0.0)
+    res = poet(g, budget, time_limit=LIMIT, bandwidth=math.inf, latency=0.0)
     assert res.status == Status.OPTIMAL and res.schedule is not None
     sim = validate(g, res.schedule, budget)
     assert sim.cost == pytest.approx(g.total_cost)
@@ -180,21 +181,21 @@ def test_free_transfers_never_recompute(g: Graph) -> None:
 def test_poet_between_no_recompute_and_the_milp(g: Graph, frac: float) -> None:
     low, ref = memory_lower_bound(g), keep_all_peak(g)
     budget = int(low + frac * (ref - low))
-    ilp = solve_ilp(g, budget, time_limit=LIMIT)
-    res = solve_poet(g, budget, time_limit=LIMIT, bandwidth=4.0, latency=1.0)
+    milp = ilp(g, budget, time_limit=LIMIT)
+    res = poet(g, budget, time_limit=LIMIT, bandwidth=4.0, latency=1.0)
     assert res.status == Status.OPTIMAL and res.schedule is not None
     validate(g, res.schedule, budget)
     total = res.info["total_cost"]
     assert total >= g.total_cost - 1e-6  # every node computed at least once
-    if ilp.status == Status.OPTIMAL:
-        assert ilp.cost is not None
-        assert total <= ilp.cost * (1 + 1e-3) + 1e-6  # the no-paging plan is one of POET's
+    if milp.status == Status.OPTIMAL:
+        assert milp.cost is not None
+        assert total <= milp.cost * (1 + 1e-3) + 1e-6  # the no-paging plan is one of POET's
         # when a transfer costs more than the whole graph, POET is the no-paging MILP
         # (presolve off: see test_highs_presolve_can_miss_the_optimum)
-        dear = solve_poet(
+        dear = poet(
             g, budget, time_limit=LIMIT, bandwidth=math.inf, latency=10 * g.total_cost, presolve=False
         )
-        assert dear.info["total_cost"] == pytest.approx(ilp.cost, rel=1e-3)
+        assert dear.info["total_cost"] == pytest.approx(milp.cost, rel=1e-3)
         assert dear.info["pageins"] == 0
 
 
@@ -206,11 +207,11 @@ def test_highs_presolve_can_miss_the_optimum() -> None:
     fwd = [(0, 1), (0, 2), (1, 2), (1, 3), (2, 4), (3, 4)]
     g = training_graph(5, fwd, [float(c) for c in costs], mems, (2, 3))
     budget = 19
-    ilp = solve_ilp(g, budget, time_limit=LIMIT)
-    assert ilp.status == Status.OPTIMAL and ilp.cost == pytest.approx(22.0)
-    exact = solve_poet(g, budget, time_limit=LIMIT, bandwidth=math.inf, latency=210.0, presolve=False)
+    milp = ilp(g, budget, time_limit=LIMIT)
+    assert milp.status == Status.OPTIMAL and milp.cost == pytest.approx(22.0)
+    exact = poet(g, budget, time_limit=LIMIT, bandwidth=math.inf, latency=210.0, presolve=False)
     assert exact.info["total_cost"] == pytest.approx(22.0)
-    presolved = solve_poet(g, budget, time_limit=LIMIT, bandwidth=math.inf, latency=210.0)
+    presolved = poet(g, budget, time_limit=LIMIT, bandwidth=math.inf, latency=210.0)
     assert presolved.info["total_cost"] >= 22.0 - 1e-9  # 23.0 with highspy 1.15: a HiGHS defect
 
 
@@ -236,7 +237,7 @@ def test_host_link_from_profiles_and_options() -> None:
 
 def test_registered_and_checked_by_solve() -> None:
     g = training_chain(4)
-    assert get_strategy("poet") is solve_poet
+    assert inspect.unwrap(get_strategy("poet")) is poet
     res = solve(g, memory_lower_bound(g), "poet", time_limit=LIMIT, bandwidth=500.0, latency=0.1)
     assert res.ok and res.peak is not None and res.peak <= memory_lower_bound(g)
     assert res.cost == pytest.approx(res.info["compute_cost"])

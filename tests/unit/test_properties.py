@@ -32,8 +32,11 @@ HEURISTICS = (
 )
 
 #: heuristics not bound to plan at the keep-all peak: griewank takes chains only; coop packs
-#: an address-ordered pool, where the keep-all peak's bytes may be fragmented
-NOT_AT_PEAK = {"griewank", "coop"}
+#: an address-ordered pool, where the keep-all peak's bytes may be fragmented; DTR's runtime
+#: rules (an op's inputs stay locked while its output is allocated; non-recomputable values
+#: are never evicted) can need more than the keep-all peak on graphs whose non-recomputable
+#: nodes are read late (found by hypothesis: a 3-byte budget, 3 bytes locked)
+NOT_AT_PEAK = {"griewank", "coop", "dtr", "dtr-full", "dtr-eq", "dtr-local", "dtr-lru", "dtr-size"}
 HAS_ILP = importlib.util.find_spec("solvers.strategies.ilp") is not None
 
 

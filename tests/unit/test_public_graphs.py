@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 
 from solvers import InfeasibleBudgetError, Status, highs, keep_all_peak, solve, validate
-from solvers.strategies.ilp import formulate, problem_of, solve_ilp
-from solvers.strategies.lp_rounding import solve_lp_rounding
+from solvers.formulation import formulate, problem_of
+from solvers.strategies.ilp import ilp
+from solvers.strategies.lp_rounding import lp_rounding
 from tests.graphs import public_graph
 from tests.unit.test_ilp import sched
 
@@ -31,7 +32,7 @@ def test_milp_and_rounding_on_vgg(name: str, frac: float, ratio: float, tol: flo
     assert res.status == Status.OPTIMAL
     assert res.cost is not None and res.cost / g.total_cost == pytest.approx(ratio, abs=tol)
     assert validate(g, sched(res), budget).peak <= budget
-    rounded = solve_lp_rounding(g, budget, time_limit=LIMIT)
+    rounded = lp_rounding(g, budget, time_limit=LIMIT)
     assert rounded.ok and rounded.cost is not None
     assert rounded.cost <= 1.10 * res.cost
     validate(g, sched(rounded), budget)
@@ -53,8 +54,8 @@ def test_vgg16_at_80_percent_is_infeasible() -> None:
 def test_warm_started_milp_keeps_the_rounded_incumbent() -> None:
     g = public_graph(VGG16)
     budget = int(0.9 * keep_all_peak(g))
-    rounded = solve_lp_rounding(g, budget, time_limit=LIMIT)
-    res = solve_ilp(g, budget, time_limit=LIMIT, warm_start=rounded.schedule)
+    rounded = lp_rounding(g, budget, time_limit=LIMIT)
+    res = ilp(g, budget, time_limit=LIMIT, warm_start=rounded.schedule)
     assert res.info["warm_start"] is True and res.status == Status.OPTIMAL
     assert res.cost is not None and rounded.cost is not None and res.cost <= rounded.cost
 

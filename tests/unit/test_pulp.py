@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from solvers import Status, keep_all_peak, validate
+from solvers.formulation import formulate
 from solvers.pulp_export import solve_pulp, to_pulp, write_lp, write_mps
-from solvers.strategies.ilp import formulate, solve_ilp
+from solvers.strategies.ilp import ilp
 from tests.graphs import chain
 from tests.unit.test_ilp import sched, training_chain3
 
@@ -39,7 +40,7 @@ def test_pulp_model_mirrors_the_sparse_model() -> None:
 def test_cbc_matches_highs_on_a_small_instance() -> None:
     g = chain(6, training=True)
     budget = int(0.6 * keep_all_peak(g))
-    ref = solve_ilp(g, budget, time_limit=60)
+    ref = ilp(g, budget, time_limit=60)
     res = solve_pulp(g, budget, _cbc())
     assert ref.status == Status.OPTIMAL and res.status == Status.OPTIMAL
     assert res.cost == pytest.approx(ref.cost)
@@ -66,6 +67,6 @@ def test_write_mps_and_lp_round_trip(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         prob.solve(_cbc())
-    ref = solve_ilp(g, budget, time_limit=60)
+    ref = ilp(g, budget, time_limit=60)
     model = formulate(g, budget)
     assert pulp.value(prob.objective) * model.cost_unit == pytest.approx(ref.cost)

@@ -18,8 +18,9 @@ import pytest
 from solvers import SolverError, Status, highs, keep_all_peak, memory_lower_bound, solve, validate
 from solvers import _highs_worker as worker
 from solvers.api import resolve_budget
+from solvers.duals import lagrangian_bound
+from solvers.formulation import formulate, problem_of, warm_start_vector
 from solvers.schedule import schedule_from_order
-from solvers.strategies.ilp import formulate, lagrangian_bound, problem_of, warm_start_vector
 from tests.graphs import chain, public_graph
 
 N250 = "random_layered_n250.json"

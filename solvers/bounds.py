@@ -1,0 +1,53 @@
+"""Cheap lower bounds on the peak memory of every schedule of a graph.
+
+Computing node v needs its output and all of its inputs resident at once (Jain et al.,
+"Checkmate: Breaking the Memory Wall with Optimal Tensor Rematerialization", MLSys 2020,
+the memory constraint at the step that computes v), so no schedule, with or without
+recomputation, peaks below the largest such working set. With paging to host memory
+(POET, Patil et al., ICML 2022) that bound is attained: page every value out after
+computing it and each input in for the op that reads it.
+
+This module depends only on the graph, so the front door (:mod:`solvers.api`) and every
+strategy can import it without importing each other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from solvers.graph import Graph
+from solvers.result import SolveResult, Status
+
+__all__ = ["memory_lower_bound", "below_floor"]
+
+
+def memory_lower_bound(graph: Graph) -> int:
+    """A cheap bound every schedule's peak reaches: the largest working set of one op
+    (its output plus all its inputs resident at once); 0 for an empty graph."""
+    need = graph.mem.astype(np.int64).copy()
+    if graph.edges:
+        e = graph.edge_array
+        np.add.at(need, e[:, 1], graph.mem[e[:, 0]])
+    return int(need.max()) if graph.n else 0
+
+
+def below_floor(
+    strategy: str, graph: Graph, budget: int, *, exact: bool = False, **info: Any
+) -> SolveResult | None:
+    """The INFEASIBLE result a strategy returns for a budget below
+    :func:`memory_lower_bound`, or None when the budget reaches it.
+
+    Args:
+        strategy: the strategy's name (recorded in the result).
+        graph: the graph.
+        budget: the budget in bytes.
+        exact: the bound is the strategy's minimum feasible budget (POET with paging).
+        info: more entries for ``info`` (e.g. the host link).
+    """
+    floor = memory_lower_bound(graph)
+    if budget >= floor:
+        return None
+    info.update(min_budget=floor, min_budget_exact=exact, reason="largest op working set")
+    return SolveResult(strategy, Status.INFEASIBLE, budget, info=info)

@@ -1,0 +1,137 @@
+"""A budget that cannot be met costs one call: the error's ``minimum`` plans on the first try.
+
+For models of different kinds (a CNN with BatchNorm, a transformers model, a two-output
+MLP, a DenseNet-like concatenating CNN, a transformer block with dropout), a fraction far
+below what any schedule needs raises :class:`InfeasibleBudgetError` whose ``minimum`` is
+the peak of a schedule actually found; ``optimize(model, exc.minimum)`` then plans on the
+first call and the step's measured peak stays within 5% of it. ``budget="min"`` plans at
+the least peak found, in one call.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import checkmate
+from checkmate.memory import measure_peak
+from solvers.errors import InfeasibleBudgetError
+from tests.integration._models import Block, SmallCNN, gpt2
+
+pytestmark = pytest.mark.torch
+
+TIME_LIMIT = 5.0
+
+
+class TwoHeads(nn.Module):
+    """An MLP trunk with two output heads (a classifier and a regressor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU())
+        self.cls = nn.Linear(256, 10)
+        self.reg = nn.Linear(256, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.trunk(x)
+        return self.cls(h), self.reg(F.relu(h))
+
+
+class DenseLayer(nn.Module):
+    def __init__(self, c_in: int, growth: int) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(c_in)
+        self.conv = nn.Conv2d(c_in, growth, 3, padding=1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, self.conv(F.relu(self.bn(x)))], dim=1)
+
+
+class DenseNetLike(nn.Module):
+    """Dense blocks: each layer concatenates its output to everything before it."""
+
+    def __init__(self, growth: int = 8, layers: int = 4) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1, bias=False)
+        self.layers = nn.Sequential(*(DenseLayer(16 + k * growth, growth) for k in range(layers)))
+        self.head = nn.Linear(16 + layers * growth, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.layers(self.stem(x)).mean(dim=(2, 3)))
+
+
+class DropoutBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Block(64, p=0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+
+def _hf_gpt2() -> nn.Module:
+    return gpt2(n_layer=2, n_embd=64)
+
+
+#: name -> (model factory, inputs)
+MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[Any, ...]]]] = {
+    "cnn_batchnorm": (lambda: SmallCNN(8, 2), lambda: (torch.randn(8, 3, 16, 16),)),
+    "hf_gpt2": (_hf_gpt2, lambda: (torch.randint(0, 128, (4, 32)),)),
+    "two_heads": (TwoHeads, lambda: (torch.randn(256, 64),)),
+    "densenet_like": (DenseNetLike, lambda: (torch.randn(4, 3, 16, 16),)),
+    "dropout_block": (DropoutBlock, lambda: (torch.randn(4, 32, 64),)),
+}
+
+
+def _loss(out: Any) -> torch.Tensor:
+    if hasattr(out, "logits"):
+        out = out.logits
+    leaves = [x for x in torch.utils._pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
+    return torch.stack([x.float().pow(2).mean() for x in leaves]).sum()
+
+
+def _step(model: nn.Module, inputs: tuple[Any, ...]) -> None:
+    for p in model.parameters():
+        p.grad = None
+    _loss(model(*inputs)).backward()
+
+
+def _fresh(name: str) -> tuple[nn.Module, tuple[Any, ...]]:
+    make, inputs = MODELS[name]
+    torch.manual_seed(0)
+    return make().train(), inputs()
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_minimum_of_an_infeasible_budget_plans_on_the_first_try(name: str) -> None:
+    model, inputs = _fresh(name)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        checkmate.optimize(copy.deepcopy(model), 0.02, inputs, time_limit=TIME_LIMIT)
+    exc = info.value
+    assert exc.lower_bound is not None and exc.minimum is not None
+    assert exc.budget < exc.lower_bound <= exc.minimum
+
+    opt = checkmate.optimize(copy.deepcopy(model), exc.minimum, inputs, time_limit=TIME_LIMIT)
+    plans = checkmate.plans_of(opt)
+    assert plans, "nothing was planned"
+    assert all(p.result.ok and p.result.peak is not None and p.result.peak <= exc.minimum for p in plans)
+    _step(opt, inputs)  # warm-up: the first call planned
+    peak = measure_peak(lambda: _step(opt, inputs))
+    assert peak <= 1.05 * exc.minimum, f"measured {peak:,} bytes for a budget of {exc.minimum:,}"
+
+
+@pytest.mark.parametrize("name", ["cnn_batchnorm", "two_heads", "densenet_like"])
+def test_budget_min_plans_in_one_call(name: str) -> None:
+    model, inputs = _fresh(name)
+    opt = checkmate.optimize(model, "min", inputs, time_limit=TIME_LIMIT)
+    plans = checkmate.plans_of(opt)
+    assert plans and all(p.result.ok for p in plans)
+    # the least peak found is below what keeping everything needs (something was dropped)
+    assert all(p.result.peak is not None and p.result.peak < p.reference_peak for p in plans)
+    assert sum(p.recomputes for p in plans) > 0
