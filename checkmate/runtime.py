@@ -36,9 +36,9 @@ from checkmate.timing import ProfileWarning
 from checkmate.trace import JointGraph, build_graph, recompute_dropout_from_mask
 from solvers.api import closest_hint
 from solvers.budget import format_bytes, parse_budget
-from solvers.errors import InfeasibleBudgetError, SolverError
+from solvers.errors import CheckmateError, InfeasibleBudgetError, SolverError
 from solvers.plan import atomic_write_text
-from solvers.resize import structure, transfer_and_check
+from solvers.resize import stretch, structure, transfer_and_check
 from solvers.result import SolveResult, Status
 from solvers.schedule import PAGEIN, PAGEOUT, keep_all_peak
 
@@ -112,6 +112,8 @@ class PlanRecord:
         gap = f", gap to bound {res.gap:.1%}" if res.gap is not None and self.reused_from is None else ""
         if self.reused_from is not None:
             gap += f", plan of graph {self.reused_from} reused at these sizes"
+        if res.info.get("planned_ahead"):
+            gap += f", planned for shapes up to about {res.info['planned_ahead']:g}x these sizes"
         if self.asked_budget is not None:
             gap += (
                 f", budget raised from {format_bytes(self.asked_budget)} "
@@ -316,8 +318,48 @@ class Planner:
             reused = self._reuse(jg, family, nbytes)
             if reused is not None:
                 return reused[0], None, reused[1]
+        if family and nbytes is not None and parse_budget(self.budget).nbytes is not None:
+            ahead = self._plan_ahead(jg, family, nbytes, profile_id)
+            if ahead is not None:
+                return ahead, None, None
         res, asked = self._plan(jg, profile_id, target)
         return res, asked, None
+
+    def _plan_ahead(
+        self, jg: JointGraph, family: Sequence[int], nbytes: int, profile_id: str
+    ) -> SolveResult | None:
+        """For a byte budget, a graph larger than every planned one of its family: its plan
+        made on the graph stretched to about twice its size (:func:`solvers.resize.stretch`,
+        extrapolating from the family's largest), so that the next larger shapes reuse it
+        instead of planning again, when that plan fits the budget at the real sizes; None
+        otherwise (then the graph is planned at its own sizes)."""
+        graph = jg.graph
+        old = max(family, key=lambda i: self.records[i].reference_peak)
+        if keep_all_peak(graph) <= self.records[old].reference_peak:
+            return None
+        big = stretch(self.records[old].joint.graph, graph, _AHEAD)
+        if big is None:
+            return None
+        try:
+            res = cached_solve(
+                big,
+                nbytes,
+                self.strategy,
+                time_limit=self.time_limit,
+                options=self.options,
+                profile_id=profile_id,
+                plan_path=self.plan_path,
+            )
+        except CheckmateError:
+            return None
+        if not res.ok or res.schedule is None:
+            return None
+        got = transfer_and_check(big, res.schedule, graph, nbytes)
+        if got is None:
+            return None
+        schedule, sim = got
+        info = {**res.info, "reference": keep_all_peak(graph), "planned_ahead": _AHEAD}
+        return replace(res, schedule=schedule, cost=sim.cost, peak=sim.peak, lower_bound=None, info=info)
 
     def _larger_shape_budget(self, ref: int) -> int | None:
         """The most bytes a graph at this graph's position in another training step (its
@@ -388,6 +430,11 @@ class Planner:
             stacklevel=2,
         )
         return res, asked
+
+
+#: a byte budget's plan for a graph larger than the planned ones of its family is made for
+#: shapes about this many times larger (see :meth:`Planner._plan_ahead`)
+_AHEAD = 2.0
 
 
 def _as_is(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:

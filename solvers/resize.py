@@ -13,13 +13,15 @@ right before each compute of the op that reads it and freed right after it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
+from dataclasses import replace
 
 from solvers.errors import ScheduleError
 from solvers.graph import Graph
 from solvers.schedule import COMPUTE, FREE, Schedule, SimResult, Step, validate
 
-__all__ = ["WORKSPACE_OP", "structure", "transfer", "transfer_and_check"]
+__all__ = ["WORKSPACE_OP", "stretch", "structure", "transfer", "transfer_and_check"]
 
 #: ``Node.op`` of a scratch-space node
 WORKSPACE_OP = "workspace"
@@ -86,3 +88,40 @@ def transfer_and_check(
         return moved, validate(new, moved, budget)
     except ScheduleError:
         return None
+
+
+def stretch(old: Graph, new: Graph, factor: float = 2.0) -> Graph | None:
+    """``new`` with its sizes extrapolated to a larger shape, from how they grew since ``old``.
+
+    Each node's bytes grow as a power of the shape's size: a node that grew by ``r`` while
+    the typical growing node grew by ``R`` (the median ratio) is a power ``ln r / ln R`` of
+    the size, and gets ``mem * factor ** (ln r / ln R)``: a size that doubles (``factor`` 2)
+    doubles a node linear in it, quadruples a quadratic one (attention scores) and leaves
+    a constant one (a weight's gradient) alone. A plan of the stretched graph, carried back
+    to ``new``, leaves room for shapes up to about ``factor`` times larger. Nodes only
+    ``new`` has (scratch space) keep their bytes.
+
+    Returns:
+        The stretched graph (same nodes, edges and costs as ``new``), or None when ``new``
+        is no larger than ``old`` anywhere or the two are not the same graph.
+    """
+    if structure(old) != structure(new):
+        return None
+    before = {node.ext: node.mem for node in old.nodes}
+    ratios = {
+        node.id: node.mem / before[node.ext]
+        for node in new.nodes
+        if before.get(node.ext, 0) > 0 and node.mem > before[node.ext]
+    }
+    if not ratios:
+        return None
+    typical = sorted(ratios.values())[len(ratios) // 2]
+    if typical <= 1.0:
+        return None
+    nodes = tuple(
+        replace(node, mem=math.ceil(node.mem * factor ** (math.log(ratios[node.id]) / math.log(typical))))
+        if node.id in ratios
+        else node
+        for node in new.nodes
+    )
+    return Graph(nodes, new.edges, name=new.name, meta=dict(new.meta))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from solvers.graph import Graph
-from solvers.resize import structure, transfer, transfer_and_check
+from solvers.resize import stretch, structure, transfer, transfer_and_check
 from solvers.schedule import COMPUTE, FREE, schedule_from_order, simulate
 
 
@@ -79,3 +79,19 @@ def test_node_order_does_not_matter() -> None:
     assert moved is not None
     assert [two.nodes[i].ext for i in moved.computes] == ["a", "b", "c", "d"]
     assert simulate(two, moved).peak == simulate(one, schedule_from_order(one, range(one.n))).peak
+
+
+def test_stretch_extrapolates_each_node_by_its_own_growth() -> None:
+    # a: constant (a weight's gradient), b, c: linear in the size, d: quadratic
+    old = _graph({"a": 100, "b": 10, "c": 20, "d": 100})
+    new = _graph({"a": 100, "b": 20, "c": 40, "d": 400})
+    big = stretch(old, new, 2.0)
+    assert big is not None
+    mem = {node.ext: node.mem for node in big.nodes}
+    assert mem == {"a": 100, "b": 40, "c": 80, "d": 1600}
+    assert big.edges == new.edges and list(big.cost) == list(new.cost)
+    # a plan of the stretched graph carried back to the real sizes fits at least as well
+    sched = schedule_from_order(big, range(big.n))
+    got = transfer_and_check(big, sched, new, simulate(big, sched).peak)
+    assert got is not None
+    assert stretch(new, old) is None  # nothing grew
