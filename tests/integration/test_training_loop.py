@@ -27,9 +27,9 @@ from tests.integration import _models as M
 pytestmark = pytest.mark.torch
 
 #: (batch, sequence length): long batches, lengths 1-5, a short last batch
-GPT_BATCHES = [(4, 48), (4, 40), (4, 44), (2, 1), (2, 2), (2, 3), (2, 4), (2, 5), (4, 36), (3, 48)]
+GPT_BATCHES = [(4, 48), (4, 40), (2, 1), (2, 2), (2, 3), (2, 4), (2, 5), (3, 48)]
 #: (batch, image side)
-CNN_BATCHES = [(8, 16), (8, 12), (6, 16), (8, 14), (2, 16), (1, 16), (3, 12)]
+CNN_BATCHES = [(8, 16), (8, 12), (6, 16), (1, 16), (3, 12)]
 
 
 def _gpt() -> tuple[nn.Module, list[torch.Tensor]]:
@@ -79,7 +79,7 @@ def test_an_epoch_of_varying_shapes_plans_few_times_and_stays_in_budget(name: st
     twin = copy.deepcopy(model)
     # one Dynamo entry per input shape: above the default recompile limit
     with torch._dynamo.config.patch(recompile_limit=64):
-        opt = checkmate.optimize(model, budget, profile="cpu", time_limit=3)
+        opt = checkmate.optimize(model, budget, profile="cpu", time_limit=2)
         sgd, twin_sgd = torch.optim.SGD(opt.parameters(), lr=0.1), torch.optim.SGD(twin.parameters(), lr=0.1)
         lines = []
         for epoch in range(2):
