@@ -109,3 +109,31 @@ def test_an_epoch_of_varying_shapes_plans_few_times_and_stays_in_budget(name: st
     )
     assert len(planner.records) == shapes  # every shape was compiled and planned (none eager)
     assert planner.plans_made <= 3
+
+
+def test_growing_shapes_under_a_byte_budget_plan_ahead() -> None:
+    """Each length longer than every one before (the worst order for reuse): a byte budget's
+    plan for a new largest shape is made for about twice its sizes, so later lengths reuse
+    it instead of planning once per length."""
+    torch.manual_seed(0)
+    model = M.TinyTransformer(64, 64, 2)
+    lengths = list(range(12, 65, 4))  # 14 lengths, ascending
+    twin = copy.deepcopy(model)
+    big = torch.randint(0, 64, (4, lengths[-1]))
+    budget = _byte_budget(twin, big)
+    with torch._dynamo.config.patch(recompile_limit=64):
+        opt = checkmate.optimize(model, budget, profile="cpu", time_limit=2)
+        for t in lengths:
+            x = torch.randint(0, 64, (4, t))
+            opt.zero_grad(set_to_none=True)
+            twin.zero_grad(set_to_none=True)
+            _step(opt, x)
+            _step(twin, x)
+            for p, q in zip(opt.parameters(), twin.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad)
+    planner = _planner(opt)
+    print(f"\n{len(lengths)} ascending lengths at {budget:,} B: {planner.plans_made} plans made")
+    for r in planner.records:
+        assert r.result.peak is not None and r.result.peak <= budget  # simulated, at its sizes
+    assert len(planner.records) == len(lengths)
+    assert planner.plans_made <= 3
