@@ -5,7 +5,10 @@ thin subclass) that shares its parameters, buffers, submodules and hooks, so
 ``state_dict()`` keys, optimizers, ``train()``/``eval()`` and gradient accumulation work
 as before. Only its ``forward`` differs, and only in training with gradients enabled: the
 step then goes through ``torch.compile`` with :class:`checkmate.runtime.Planner` as the
-backend, one plan per captured graph and per input signature (new shapes plan again).
+backend. Dynamo compiles each captured graph once per input shape; a graph seen at new
+sizes runs a plan already made for the same graph when that plan, re-simulated at the new
+sizes, fits the budget (a smaller batch always does), and is planned again only when none
+fits. A training loop whose batches vary in shape makes a few plans, not one per shape.
 
 Evaluation (``eval()`` or ``torch.no_grad()``) runs the original forward. So does a
 training step whose plans recompute and page nothing (a budget at or above the no-remat
@@ -77,6 +80,12 @@ def optimize(
         model: the module to optimize (left unchanged; the result shares its parameters).
         budget: bytes (``int``, ``"12GB"``) or a fraction of each graph's simulated peak
             without rematerialization (``0.5``, ``"50%"``); applied to every captured graph.
+            A byte budget holds for every input shape. A fraction is of the graph's
+            keep-all peak at the shape being compiled (the compiled step keeping every
+            value; eager PyTorch can hold more, see the README), but never fewer bytes than
+            a larger shape of the same graph was planned at: the loop's memory is that of
+            its largest step, and a smaller batch (an epoch's short last batch, a short
+            sequence) never raises once a larger one planned.
             With graph breaks the activations an earlier graph saves stay alive while the
             later ones run, so the budget then bounds each graph, not the whole step: pass
             ``fullgraph=True`` to make sure it bounds the step. A fraction that no schedule

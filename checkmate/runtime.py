@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,9 @@ from checkmate.timing import ProfileWarning
 from checkmate.trace import JointGraph, build_graph, recompute_dropout_from_mask
 from solvers.api import closest_hint
 from solvers.budget import format_bytes, parse_budget
-from solvers.errors import InfeasibleBudgetError, SolverError
+from solvers.errors import CheckmateError, InfeasibleBudgetError, SolverError
 from solvers.plan import atomic_write_text
+from solvers.resize import stretch, structure, transfer_and_check
 from solvers.result import SolveResult, Status
 from solvers.schedule import PAGEIN, PAGEOUT, keep_all_peak
 
@@ -72,6 +73,9 @@ class PlanRecord:
         asked_budget: the bytes the budget asked for this graph when it was planned at more
             (``result.budget``: a fraction infeasible for a small graph, see
             :meth:`Planner.partition`); None when it was planned at the budget asked.
+        reused_from: the index of the record whose plan this graph runs (the same graph
+            at other tensor sizes, see :meth:`Planner.partition`), or None when this graph
+            was planned itself.
     """
 
     index: int
@@ -88,6 +92,7 @@ class PlanRecord:
     cache: str = "disabled"
     paged: tuple[str, ...] = ()
     asked_budget: int | None = None
+    reused_from: int | None = None
 
     @property
     def recomputes(self) -> int:
@@ -104,7 +109,11 @@ class PlanRecord:
         g = self.joint.graph
         chosen = res.info.get("chosen", res.strategy)
         overhead = (res.cost or 0.0) / g.total_cost - 1.0 if g.total_cost else 0.0
-        gap = f", gap to bound {res.gap:.1%}" if res.gap is not None else ""
+        gap = f", gap to bound {res.gap:.1%}" if res.gap is not None and self.reused_from is None else ""
+        if self.reused_from is not None:
+            gap += f", plan of graph {self.reused_from} reused at these sizes"
+        if res.info.get("planned_ahead"):
+            gap += f", planned for shapes up to about {res.info['planned_ahead']:g}x these sizes"
         if self.asked_budget is not None:
             gap += (
                 f", budget raised from {format_bytes(self.asked_budget)} "
@@ -133,6 +142,9 @@ class Planner:
         steps: training-step signature -> indices in ``records`` of the graphs compiled for
             it (the graphs of one step, recompilations included).
         step: the signature of the step being compiled (set by :meth:`begin_step`).
+        families: a graph's structure (:func:`solvers.resize.structure`: its ops and
+            edges, not its sizes) -> indices in ``records`` of the graphs of that structure
+            that were planned (not reused).
     """
 
     budget: object
@@ -144,6 +156,12 @@ class Planner:
     records: list[PlanRecord] = field(default_factory=list)
     steps: dict[object, list[int]] = field(default_factory=dict)
     step: object = None
+    families: dict[Hashable, list[int]] = field(default_factory=dict, repr=False)
+
+    @property
+    def plans_made(self) -> int:
+        """How many graphs were planned (cache hits included); the others reuse a plan."""
+        return sum(1 for r in self.records if r.reused_from is None)
 
     def begin_step(self, signature: object) -> None:
         """Graphs compiled from now on belong to the training step with this input
@@ -189,7 +207,7 @@ class Planner:
         jg = build_graph(joint, num_fwd_outputs, costs, scratch=scratch, name=f"graph{len(self.records)}")
         _flush_scratch()
         traced = time.perf_counter()
-        res, asked = self._solve(jg, _profile_id(self.profile, device))
+        res, asked, reused = self._solve(jg, _profile_id(self.profile, device))
         solved = time.perf_counter()
         if not res.ok or res.schedule is None:
             if res.status == Status.INFEASIBLE:
@@ -227,14 +245,137 @@ class Planner:
                 cache=_cache_status(res, self.plan_path),
                 paged=paged,
                 asked_budget=asked,
+                reused_from=reused,
             )
         )
         self.steps.setdefault(self.step, []).append(len(self.records) - 1)
+        if reused is None:
+            self.families.setdefault(structure(jg.graph), []).append(len(self.records) - 1)
         return modules.forward, modules.backward
 
-    def _solve(self, jg: JointGraph, profile_id: str) -> tuple[SolveResult, int | None]:
-        """The plan of ``jg`` and, when it was planned above the budget asked (see
-        :meth:`partition`), the bytes asked."""
+    def _target(self, graph: Any, family: Sequence[int]) -> tuple[object, int | None]:
+        """The budget to plan ``graph`` at (the budget as given, or bytes) and, when the
+        graph has a family (the same graph planned at other sizes), those bytes.
+
+        A byte budget is itself. A fraction is of the graph's own keep-all peak, but never
+        less than the bytes a larger graph of its family was planned at: the step's memory
+        is then that of the family's largest planned shape, and a shorter batch always has
+        a plan (the larger one's schedule fits it).
+        """
+        spec = parse_budget(self.budget)
+        if spec.fraction is None:
+            return self.budget, spec.nbytes
+        if not family:
+            return self.budget, None
+        ref = keep_all_peak(graph)
+        floor = max(self.records[i].result.budget for i in family)
+        target = max(spec.resolve(ref), floor)
+        return target, target
+
+    def _reuse(self, jg: JointGraph, family: Sequence[int], target: int) -> tuple[SolveResult, int] | None:
+        """The cheapest plan of ``family`` that, carried over to ``jg``'s sizes, fits
+        ``target`` bytes (simulated), with the index of its record; None when none fits."""
+        graph = jg.graph
+        best: tuple[SolveResult, int] | None = None
+        for i in family:
+            rec = self.records[i]
+            if rec.result.schedule is None:
+                continue
+            got = transfer_and_check(rec.joint.graph, rec.result.schedule, graph, target)
+            if got is None:
+                continue
+            schedule, sim = got
+            if best is not None and (best[0].cost or 0.0) <= sim.cost:
+                continue
+            info = {
+                "chosen": rec.result.info.get("chosen", rec.result.strategy),
+                "reference": keep_all_peak(graph),
+                "reused_from": i,
+            }
+            res = replace(
+                rec.result,
+                status=Status.FEASIBLE,
+                budget=target,
+                schedule=schedule,
+                cost=sim.cost,
+                peak=sim.peak,
+                lower_bound=None,
+                build_seconds=0.0,
+                solve_seconds=0.0,
+                info=info,
+            )
+            best = (res, i)
+        return best
+
+    def _solve(self, jg: JointGraph, profile_id: str) -> tuple[SolveResult, int | None, int | None]:
+        """The plan of ``jg``; when it was planned above the budget asked (see
+        :meth:`partition`), the bytes asked; when it reuses the plan of another record
+        (the same graph at other sizes), that record's index."""
+        graph = jg.graph
+        family = self.families.get(structure(graph), [])
+        target, nbytes = self._target(graph, family)
+        if family and nbytes is not None:
+            reused = self._reuse(jg, family, nbytes)
+            if reused is not None:
+                return reused[0], None, reused[1]
+        if family and nbytes is not None and parse_budget(self.budget).nbytes is not None:
+            ahead = self._plan_ahead(jg, family, nbytes, profile_id)
+            if ahead is not None:
+                return ahead, None, None
+        res, asked = self._plan(jg, profile_id, target)
+        return res, asked, None
+
+    def _plan_ahead(
+        self, jg: JointGraph, family: Sequence[int], nbytes: int, profile_id: str
+    ) -> SolveResult | None:
+        """For a byte budget, a graph larger than every planned one of its family: its plan
+        made on the graph stretched to about twice its size (:func:`solvers.resize.stretch`,
+        extrapolating from the family's largest), so that the next larger shapes reuse it
+        instead of planning again, when that plan fits the budget at the real sizes; None
+        otherwise (then the graph is planned at its own sizes)."""
+        graph = jg.graph
+        old = max(family, key=lambda i: self.records[i].reference_peak)
+        if keep_all_peak(graph) <= self.records[old].reference_peak:
+            return None
+        big = stretch(self.records[old].joint.graph, graph, _AHEAD)
+        if big is None:
+            return None
+        try:
+            res = cached_solve(
+                big,
+                nbytes,
+                self.strategy,
+                time_limit=self.time_limit,
+                options=self.options,
+                profile_id=profile_id,
+                plan_path=self.plan_path,
+            )
+        except CheckmateError:
+            return None
+        if not res.ok or res.schedule is None:
+            return None
+        got = transfer_and_check(big, res.schedule, graph, nbytes)
+        if got is None:
+            return None
+        schedule, sim = got
+        info = {**res.info, "reference": keep_all_peak(graph), "planned_ahead": _AHEAD}
+        return replace(res, schedule=schedule, cost=sim.cost, peak=sim.peak, lower_bound=None, info=info)
+
+    def _larger_shape_budget(self, ref: int) -> int | None:
+        """The most bytes a graph at this graph's position in another training step (its
+        graphs in compile order) was planned at, among those whose keep-all peak is at
+        least ``ref``; None when there is none."""
+        pos = len(self.steps.get(self.step, []))
+        got = [
+            self.records[idx[pos]].result.budget
+            for sig, idx in self.steps.items()
+            if sig != self.step and len(idx) > pos and self.records[idx[pos]].reference_peak >= ref
+        ]
+        return max(got, default=None)
+
+    def _plan(self, jg: JointGraph, profile_id: str, target: object) -> tuple[SolveResult, int | None]:
+        """Solve ``jg`` at ``target``; see :meth:`partition` for a fraction infeasible
+        for a small graph."""
         graph = jg.graph
 
         reserve = ddp_reserve()  # DDP's gradient buckets live beside the step
@@ -256,10 +397,15 @@ class Planner:
             )
 
         try:
-            return run(self.budget), None
+            return run(target), None
         except InfeasibleBudgetError as exc:
             fraction = parse_budget(self.budget).fraction
             ref = exc.reference or keep_all_peak(graph)
+            larger = self._larger_shape_budget(ref) if fraction is not None else None
+            if larger is not None and larger > exc.budget:
+                # the same graph of a larger step planned at these bytes: a smaller batch
+                # whose graph Dynamo specialized differently (a size of 1) gets them too
+                return run(larger), exc.budget
             largest = max((self.records[i].reference_peak for i in self.steps.get(self.step, [])), default=0)
             if fraction is None or 2 * ref > largest:
                 raise
@@ -284,6 +430,11 @@ class Planner:
             stacklevel=2,
         )
         return res, asked
+
+
+#: a byte budget's plan for a graph larger than the planned ones of its family is made for
+#: shapes about this many times larger (see :meth:`Planner._plan_ahead`)
+_AHEAD = 2.0
 
 
 def _as_is(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:

@@ -1,0 +1,139 @@
+"""A training loop whose batches change shape: one plan serves the shapes of a graph.
+
+Two epochs over batches of varying batch size and sequence length (lengths 1-5 and a short
+last batch included), at a byte budget and at 0.5, on a TinyGPT-like transformer and a CNN
+with BatchNorm: no step raises; every step of the second epoch (all compiled by then)
+measures at most 1.05x the bytes its plan was made for; after every step the gradients,
+parameters (SGD) and buffers equal those of an eager twin, bit for bit; and the number of
+plans made stays small, the other shapes reusing a plan re-simulated at their sizes.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import checkmate
+from checkmate.api import _STATE, _signature
+from checkmate.memory import measure_peak
+from checkmate.runtime import Planner
+from tests.integration import _models as M
+
+pytestmark = pytest.mark.torch
+
+#: (batch, sequence length): long batches, lengths 1-5, a short last batch
+GPT_BATCHES = [(4, 48), (4, 40), (2, 1), (2, 2), (2, 3), (2, 4), (2, 5), (3, 48)]
+#: (batch, image side)
+CNN_BATCHES = [(8, 16), (8, 12), (6, 16), (1, 16), (3, 12)]
+
+
+def _gpt() -> tuple[nn.Module, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    model = M.TinyTransformer(64, 64, 2)
+    return model, [torch.randint(0, 64, shape) for shape in GPT_BATCHES]
+
+
+def _cnn() -> tuple[nn.Module, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    model = M.SmallCNN(8, 4)
+    return model, [torch.randn(b, 3, s, s) for b, s in CNN_BATCHES]
+
+
+MODELS: dict[str, Callable[[], tuple[nn.Module, list[torch.Tensor]]]] = {"gpt": _gpt, "cnn": _cnn}
+
+
+def _step(model: nn.Module, x: torch.Tensor) -> None:
+    model(x).float().square().mean().backward()
+
+
+def _planner(model: nn.Module) -> Planner:
+    return model.__dict__[_STATE].planner  # type: ignore[no-any-return]
+
+
+def _step_budget(planner: Planner, x: torch.Tensor) -> int:
+    """The bytes the plans of this input's step were made for (one graph per step here)."""
+    idx = planner.steps[_signature((x,), {})]
+    return sum(planner.records[i].result.budget for i in idx)
+
+
+def _byte_budget(model: nn.Module, x: torch.Tensor) -> int:
+    """0.6x the eager step's measured peak at the largest batch: a budget every plan must
+    recompute for at the largest shapes."""
+    twin = copy.deepcopy(model)
+    _step(twin, x)  # warm-up
+    for p in twin.parameters():
+        p.grad = None
+    return int(0.6 * measure_peak(lambda: _step(twin, x)))
+
+
+@pytest.mark.parametrize("budget_kind", ["bytes", "fraction"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_an_epoch_of_varying_shapes_plans_few_times_and_stays_in_budget(name: str, budget_kind: str) -> None:
+    model, batches = MODELS[name]()
+    budget: object = _byte_budget(model, batches[0]) if budget_kind == "bytes" else 0.5
+    twin = copy.deepcopy(model)
+    # one Dynamo entry per input shape: above the default recompile limit
+    with torch._dynamo.config.patch(recompile_limit=64):
+        opt = checkmate.optimize(model, budget, profile="cpu", time_limit=2)
+        sgd, twin_sgd = torch.optim.SGD(opt.parameters(), lr=0.1), torch.optim.SGD(twin.parameters(), lr=0.1)
+        lines = []
+        for epoch in range(2):
+            for x in batches:
+                sgd.zero_grad(set_to_none=True)
+                twin_sgd.zero_grad(set_to_none=True)
+                if epoch == 0:
+                    _step(opt, x)
+                else:
+                    measured = measure_peak(functools.partial(_step, opt, x))
+                    allowed = _step_budget(_planner(opt), x)
+                    lines.append(f"{tuple(x.shape)}: measured {measured:,} B, budget {allowed:,} B")
+                    assert measured <= 1.05 * allowed, lines[-1]
+                _step(twin, x)
+                for (k, p), q in zip(opt.named_parameters(), twin.parameters(), strict=True):
+                    assert p.grad is not None and q.grad is not None, k
+                    assert torch.equal(p.grad, q.grad), (tuple(x.shape), k)
+                sgd.step()
+                twin_sgd.step()
+                for (k, b), c in zip(opt.named_buffers(), twin.buffers(), strict=True):
+                    assert torch.equal(b, c), (tuple(x.shape), k)
+    planner = _planner(opt)
+    shapes = len({tuple(x.shape) for x in batches})
+    print(
+        f"\n{name} at {budget}: {shapes} shapes, {len(planner.records)} graphs compiled, "
+        f"{planner.plans_made} plans made\n  " + "\n  ".join(lines)
+    )
+    assert len(planner.records) == shapes  # every shape was compiled and planned (none eager)
+    assert planner.plans_made <= 3
+
+
+def test_growing_shapes_under_a_byte_budget_plan_ahead() -> None:
+    """Each length longer than every one before (the worst order for reuse): a byte budget's
+    plan for a new largest shape is made for about twice its sizes, so later lengths reuse
+    it instead of planning once per length."""
+    torch.manual_seed(0)
+    model = M.TinyTransformer(64, 64, 2)
+    lengths = list(range(12, 65, 4))  # 14 lengths, ascending
+    twin = copy.deepcopy(model)
+    big = torch.randint(0, 64, (4, lengths[-1]))
+    budget = _byte_budget(twin, big)
+    with torch._dynamo.config.patch(recompile_limit=64):
+        opt = checkmate.optimize(model, budget, profile="cpu", time_limit=2)
+        for t in lengths:
+            x = torch.randint(0, 64, (4, t))
+            opt.zero_grad(set_to_none=True)
+            twin.zero_grad(set_to_none=True)
+            _step(opt, x)
+            _step(twin, x)
+            for p, q in zip(opt.parameters(), twin.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad)
+    planner = _planner(opt)
+    print(f"\n{len(lengths)} ascending lengths at {budget:,} B: {planner.plans_made} plans made")
+    for r in planner.records:
+        assert r.result.peak is not None and r.result.peak <= budget  # simulated, at its sizes
+    assert len(planner.records) == len(lengths)
+    assert planner.plans_made <= 3
