@@ -30,7 +30,9 @@ import torch
 from torch import nn
 
 from checkmate.runtime import Planner, PlanRecord
+from solvers.budget import BudgetSpec, parse_budget
 from solvers.errors import CheckmateError, TraceError
+from solvers.strategies import check_options
 
 __all__ = ["optimize", "plans_of", "CheckmateState", "UnplannedWarning"]
 
@@ -64,7 +66,7 @@ class CheckmateState:
 
 def optimize(
     model: nn.Module,
-    budget: object,
+    budget: BudgetSpec,
     example_inputs: tuple[Any, ...] | None = None,
     *,
     strategy: str = "auto",
@@ -80,6 +82,7 @@ def optimize(
         model: the module to optimize (left unchanged; the result shares its parameters).
         budget: bytes (``int``, ``"12GB"``) or a fraction of each graph's simulated peak
             without rematerialization (``0.5``, ``"50%"``); applied to every captured graph.
+            It is parsed here, before anything is traced (see :func:`solvers.parse_budget`).
             A byte budget holds for every input shape. A fraction is of the graph's
             keep-all peak at the shape being compiled (the compiled step keeping every
             value; eager PyTorch can hold more, see the README), but never fewer bytes than
@@ -116,6 +119,11 @@ def optimize(
         A module of the same class sharing ``model``'s parameters and buffers.
 
     Raises:
+        BudgetError: the budget is not a size or a fraction (raised before any tracing).
+        OptionError: ``options`` names an option the strategy does not take (before
+            any tracing; the message lists its options).
+        CheckmateError: ``strategy`` is not a registered name (before any tracing; the
+            message lists them).
         InfeasibleBudgetError: the budget is below what any plan needs (with the minimum).
         TraceError: the model could not be traced (names the construct).
         SolverError: the strategy found no plan within the budget and time limit.
@@ -124,8 +132,11 @@ def optimize(
         >>> model = checkmate.optimize(model, 0.5)  # doctest: +SKIP
         >>> loss = model(x).sum(); loss.backward()  # doctest: +SKIP
     """
+    # fail at the door, not after tracing and profiling every graph
+    spec = parse_budget(budget)
+    check_options(strategy, options or {})
     planner = Planner(
-        budget, strategy, profile=profile, time_limit=time_limit, options=dict(options or {}), plan_path=plan
+        spec, strategy, profile=profile, time_limit=time_limit, options=dict(options or {}), plan_path=plan
     )
     new = copy.copy(model)
     new.__class__ = _subclass(type(model))

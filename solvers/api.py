@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from solvers.bounds import memory_lower_bound
-from solvers.budget import Budget, format_bytes, parse_budget
+from solvers.budget import Budget, BudgetSpec, format_bytes, parse_budget
 from solvers.errors import InfeasibleBudgetError, SolverError
 from solvers.graph import Graph
 from solvers.result import SolveResult, Status
@@ -21,16 +21,17 @@ from solvers.strategies import get_strategy
 __all__ = ["solve", "resolve_budget", "memory_lower_bound", "closest_hint"]
 
 
-def resolve_budget(graph: Graph, budget: object) -> tuple[int, int]:
-    """``(budget_bytes, keep_all_peak)`` for a budget spec (see :func:`parse_budget`)."""
+def resolve_budget(graph: Graph, budget: BudgetSpec) -> tuple[int, int]:
+    """``(budget_bytes, keep_all_peak)`` for a budget spec (see :func:`parse_budget`); the
+    keep-all peak is simulated only when the budget does not carry it (``Budget.reference``)."""
     b: Budget = parse_budget(budget)
-    ref = keep_all_peak(graph)
+    ref = b.reference if b.reference is not None else keep_all_peak(graph)
     return b.resolve(ref), ref
 
 
 def solve(
     graph: Graph,
-    budget: object,
+    budget: BudgetSpec,
     strategy: str = "auto",
     *,
     time_limit: float | None = None,

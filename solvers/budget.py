@@ -1,7 +1,10 @@
-"""Memory budgets: bytes (``16GB``, ``12GiB``, ``1000000``) or fractions of the
-checkpoint-all peak (``0.6``, ``"60%"``).
+"""Memory budgets: bytes (``16GB``, ``12GiB``, ``1000000``), fractions of the
+checkpoint-all peak (``0.6``, ``"60%"``), or ``"min"``: the least peak a schedule can reach
+within the time limit.
 
-A budget is parsed once into a :class:`Budget` and resolved to bytes against a graph.
+A budget is parsed once, at the front door, into a :class:`Budget`, and that typed value is
+what every layer below receives; it is resolved to bytes against a graph's keep-all peak,
+and a resolved budget carries that peak (``reference``) so that no layer simulates it again.
 Rules for plain numbers: a Python ``int`` is bytes; a Python ``float`` is a fraction; a
 unit-less string is a fraction when its value is at most 4 and bytes otherwise.
 """
@@ -11,10 +14,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from solvers.errors import BudgetError
 
-__all__ = ["Budget", "parse_budget", "format_bytes"]
+__all__ = ["Budget", "BudgetSpec", "parse_budget", "format_bytes"]
 
 _UNITS = {
     "": 1,
@@ -35,24 +39,74 @@ _RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z%]*)\s*$", re.I
 _MAX_FRACTION = 4.0
 
 
+_LEAST = "min"
+
+
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """A parsed budget: exactly one of ``nbytes`` and ``fraction`` is set."""
+    """A parsed budget: exactly one of ``nbytes``, ``fraction`` and ``least`` is set.
+
+    Attributes:
+        nbytes: bytes.
+        fraction: a fraction of the graph's checkpoint-all (keep-all) peak.
+        least: plan at the least peak a schedule can reach within the time limit (the
+            string ``"min"``); it has no byte value before planning (:meth:`resolve` raises).
+        reference: the keep-all peak of the graph this budget was resolved for, when known
+            (see :meth:`for_graph`), so that the layers below do not simulate it again.
+    """
 
     nbytes: int | None = None
     fraction: float | None = None
+    least: bool = False
+    reference: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.nbytes is not None) + (self.fraction is not None) + bool(self.least) != 1:
+            raise BudgetError(
+                f"a Budget needs exactly one of nbytes, fraction and least (got {self.nbytes!r}, "
+                f"{self.fraction!r}, {self.least!r}); build it with parse_budget"
+            )
+
+    @classmethod
+    def least_peak(cls) -> Budget:
+        """The budget ``"min"``: the least peak a schedule reaches within the time limit."""
+        return cls(least=True)
 
     def resolve(self, reference: int) -> int:
-        """Bytes, given the checkpoint-all peak ``reference`` that fractions refer to."""
+        """Bytes, given the checkpoint-all peak ``reference`` that fractions refer to.
+
+        Raises:
+            BudgetError: the budget is ``"min"``, which has no byte value before planning.
+        """
         if self.nbytes is not None:
             return self.nbytes
-        assert self.fraction is not None
+        if self.fraction is None:
+            raise BudgetError(
+                "budget 'min' has no byte value before planning: it asks for the least peak a "
+                "schedule reaches, which only the planner finds; give bytes or a fraction to "
+                "resolve a budget"
+            )
         return math.floor(self.fraction * reference)
+
+    def for_graph(self, reference: int, reserve: int = 0) -> Budget:
+        """This budget in bytes for a graph whose keep-all peak is ``reference``, less
+        ``reserve`` bytes held beside the graph (at least 1 byte), carrying ``reference``.
+
+        Raises:
+            BudgetError: the budget is ``"min"`` (see :meth:`resolve`).
+        """
+        return Budget(nbytes=max(self.resolve(reference) - reserve, 1), reference=reference)
 
     def __str__(self) -> str:
         if self.nbytes is not None:
             return format_bytes(self.nbytes)
-        return f"{self.fraction:.0%}" if self.fraction is not None else "?"
+        if self.fraction is not None:
+            return f"{self.fraction:.0%}"
+        return _LEAST
+
+
+#: what the front ends accept as a budget (see :func:`parse_budget`)
+BudgetSpec: TypeAlias = Budget | int | float | str
 
 
 def parse_budget(spec: object) -> Budget:
@@ -60,7 +114,8 @@ def parse_budget(spec: object) -> Budget:
 
     Args:
         spec: an int (bytes), a float (fraction of the checkpoint-all peak), a string such
-            as ``"16GB"``, ``"12GiB"``, ``"60%"``, ``"0.6"``, or a :class:`Budget`.
+            as ``"16GB"``, ``"12GiB"``, ``"60%"``, ``"0.6"``, ``"min"`` (the least peak a
+            schedule reaches within the time limit), or a :class:`Budget` (returned as is).
 
     Raises:
         BudgetError: the spec is not a positive size or fraction.
@@ -82,10 +137,12 @@ def parse_budget(spec: object) -> Budget:
     if isinstance(spec, float):
         return _fraction(spec, repr(spec))
     if isinstance(spec, str):
+        if spec.strip().lower() == _LEAST:
+            return Budget(least=True)
         m = _RE.match(spec)
         if not m:
             raise BudgetError(
-                f"budget {spec!r} is not a size or a fraction: write e.g. 16GB, 12GiB, 1500000000, 0.6 or 60%"
+                f"budget {spec!r} is not a size or a fraction: write e.g. 16GB, 12GiB, 1500000000, 0.6, 60% or min"
             )
         value, unit = float(m.group(1)), m.group(2).lower()
         if unit == "%":

@@ -15,13 +15,21 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from solvers.errors import CheckmateError, OptionError
 from solvers.result import SolveResult
 
-__all__ = ["STRATEGIES", "COMMON_OPTIONS", "get_strategy", "strategy_names", "strategy_options", "StrategyFn"]
+__all__ = [
+    "STRATEGIES",
+    "COMMON_OPTIONS",
+    "check_options",
+    "get_strategy",
+    "strategy_names",
+    "strategy_options",
+    "StrategyFn",
+]
 
 StrategyFn = Callable[..., SolveResult]
 
@@ -135,6 +143,29 @@ def _check_name(name: str) -> None:
         raise CheckmateError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}")
 
 
+def check_options(name: str, options: Iterable[str] = ()) -> None:
+    """Check, before any work, that strategy ``name`` exists and takes every option named
+    in ``options`` (what :func:`get_strategy`'s function would reject when called).
+
+    Raises:
+        CheckmateError: unknown name (the message lists the known ones), or its optional
+            dependency is missing.
+        OptionError: an option the strategy does not take (the message lists its options).
+    """
+    _check_name(name)
+    _reject_unknown(name, _load(name, STRATEGIES[name][0]), options)
+
+
+def _reject_unknown(name: str, fn: Any, options: Iterable[str]) -> None:
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return  # a user's own strategy taking **kwargs receives every option
+    valid = strategy_options(name)
+    unknown = [k for k in options if k not in valid]
+    if unknown:
+        raise OptionError(f"strategy {name!r} has no option {unknown[0]!r}; its options: {', '.join(valid)}")
+
+
 def get_strategy(name: str) -> StrategyFn:
     """The strategy function registered as ``name``, checking its options.
 
@@ -149,17 +180,12 @@ def get_strategy(name: str) -> StrategyFn:
     """
     _check_name(name)
     fn: Any = _load(name, STRATEGIES[name][0])
-    valid = strategy_options(name)
     params = inspect.signature(fn).parameters
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
     @functools.wraps(fn)
     def checked(*args: Any, **options: Any) -> SolveResult:
-        unknown = [] if takes_all else [k for k in options if k not in valid]
-        if unknown:
-            raise OptionError(
-                f"strategy {name!r} has no option {unknown[0]!r}; its options: {', '.join(valid)}"
-            )
+        _reject_unknown(name, fn, options)
         passed = options if takes_all else {k: v for k, v in options.items() if k in params}
         result: SolveResult = fn(*args, **passed)
         return result

@@ -22,7 +22,7 @@ from torch import nn  # noqa: E402
 import checkmate  # noqa: E402
 from checkmate.api import plans_of  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
-from solvers.errors import InfeasibleBudgetError, TraceError  # noqa: E402
+from solvers.errors import BudgetError, CheckmateError, InfeasibleBudgetError, OptionError, TraceError  # noqa: E402
 from solvers.schedule import simulate  # noqa: E402
 from tests.integration import _models as M  # noqa: E402
 
@@ -198,3 +198,42 @@ def test_import_checkmate_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     assert "optimize" in out.stdout
+
+
+class _RaisesIfRun(nn.Module):
+    """Its forward raises whenever it runs, traced by Dynamo or eagerly: a bad argument
+    reported with any other error was checked only after tracing began."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x: Any) -> Any:
+        raise AssertionError("optimize traced the model before checking its arguments")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"budget": "12 parsecs"}, BudgetError, "12 parsecs"),
+        (
+            {"budget": 0.5, "strategy": "nope"},
+            CheckmateError,
+            r"unknown strategy 'nope'; choose one of: auto, ",
+        ),
+        ({"budget": 0.5, "options": {"tme_limit": 1}}, OptionError, r"has no option 'tme_limit'.*time_limit"),
+    ],
+)
+@pytest.mark.parametrize("example", [True, False])
+def test_bad_arguments_raise_before_any_tracing(
+    kwargs: dict[str, Any], error: type[Exception], match: str, example: bool
+) -> None:
+    """optimize parses the budget and checks the strategy and its options first: with
+    example inputs nothing is traced (the forward would raise, Dynamo would count a frame),
+    and without them the error is not deferred to the first training step."""
+    frames = torch._dynamo.utils.counters["frames"]["total"]
+    inputs = (torch.randn(2, 3),) if example else None
+    with pytest.raises(error, match=match):
+        checkmate.optimize(_RaisesIfRun(), example_inputs=inputs, **kwargs)
+    assert torch._dynamo.utils.counters["frames"]["total"] == frames
+

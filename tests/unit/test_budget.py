@@ -41,3 +41,40 @@ def test_resolve() -> None:
 def test_format_bytes() -> None:
     assert format_bytes(512) == "512 B"
     assert format_bytes(1536) == "1.50 KiB"
+
+
+@pytest.mark.parametrize("spec", ["min", " MIN ", Budget.least_peak()])
+def test_min_is_the_least_peak_budget(spec: object) -> None:
+    b = parse_budget(spec)
+    assert b.least and b.nbytes is None and b.fraction is None
+    assert str(b) == "min"
+    with pytest.raises(BudgetError, match="no byte value before planning"):
+        b.resolve(1000)
+
+
+def test_a_budget_sets_exactly_one_kind() -> None:
+    for bad in ({}, {"nbytes": 10, "fraction": 0.5}, {"fraction": 0.5, "least": True}):
+        with pytest.raises(BudgetError, match="exactly one"):
+            Budget(**bad)  # type: ignore[arg-type]
+
+
+def test_a_parsed_budget_is_passed_through_and_resolves_once_per_graph() -> None:
+    b = parse_budget("50%")
+    assert parse_budget(b) is b
+    on_graph = b.for_graph(1001, reserve=100)
+    assert (on_graph.nbytes, on_graph.reference) == (400, 1001)
+    assert b.for_graph(10, reserve=100).nbytes == 1  # never below one byte
+
+
+def test_resolve_budget_trusts_the_reference_a_budget_carries() -> None:
+    """The keep-all peak is simulated only when the budget does not carry it: the layers
+    below the front door do not simulate it again."""
+    from solvers.api import resolve_budget
+    from solvers.schedule import keep_all_peak
+    from tests.graphs import chain
+
+    g = chain(5, training=True)
+    ref = keep_all_peak(g)
+    assert resolve_budget(g, 0.5) == (ref // 2, ref)
+    # a made-up reference comes back as given: nothing re-simulated it
+    assert resolve_budget(g, Budget(fraction=0.5, reference=4 * ref)) == (2 * ref, 4 * ref)

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from checkmate.cache import PlanCacheWarning, cache_dir, cache_key, cached_solve
-from solvers import Graph, SolveResult, Status, validate, write_plan
+from checkmate.timers import observe
+from solvers import Budget, Graph, SolveResult, Status, validate, write_plan
 from solvers.plan import PLAN_VERSION, read_plan
 from solvers.schedule import schedule_from_order, simulate
 from solvers.strategies import STRATEGIES
@@ -70,6 +71,27 @@ def test_hit_skips_solving() -> None:
     assert second.cost == first.cost and second.peak == first.peak
     assert second.lower_bound == first.lower_bound
     validate(g, second.schedule, second.budget)
+
+
+def test_the_keep_all_peak_is_simulated_once_per_call_and_a_hit_reports_its_replay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """cached_solve resolves the budget once and hands the solver the resolved Budget (with
+    its reference): the keep-all peak is simulated once, or never when the budget carries it;
+    a hit's re-validation is a ``validate`` stage (what benchmarks count)."""
+    import solvers.api
+
+    sims: list[int] = []
+    real = solvers.api.keep_all_peak
+    monkeypatch.setattr(solvers.api, "keep_all_peak", lambda g: sims.append(1) or real(g))
+    g = _graph()
+    cached_solve(g, 1.0, NAME)
+    assert len(sims) == 1  # a miss: resolved once, not again inside solve
+    seen: list[str] = []
+    with observe(lambda name, dt: seen.append(name)):
+        hit = cached_solve(g, Budget(fraction=1.0).for_graph(real(g)), NAME)
+    assert hit.info["cache"] == "hit" and seen == ["validate"]
+    assert len(sims) == 1  # the budget carried the reference
 
 
 @pytest.mark.parametrize(
