@@ -9,7 +9,8 @@ run), times the whole call ::
 
 which plans at ``optimize`` time because example inputs are given. ``profile="cpu"`` takes
 op costs from the CPU device profile (no op is timed); scratch space is still measured per
-op. The stage seconds come from the planner's records (:class:`checkmate.runtime.PlanRecord`):
+op. The stage seconds come from the planner's records (:class:`checkmate.runtime.PlanRecord`),
+or, for a plan that fails before its record exists, from :func:`checkmate.timers.observe`:
 
 - ``trace_s``: the call's wall time outside the partitioner (Dynamo capture, AOTAutograd's
   joint trace, the planning call's forward) plus building the graph model;
@@ -42,8 +43,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -154,6 +154,7 @@ def measure(
 
     import checkmate
     from checkmate.memory import measure_peak
+    from checkmate.timers import observe
 
     model, x, y = factory()
     model.train()
@@ -161,7 +162,7 @@ def measure(
     spent: dict[str, float] = {}
     start = time.perf_counter()
     try:
-        with _timed_stages(spent):
+        with observe(lambda name, dt: spent.__setitem__(name, spent.get(name, 0.0) + dt)):
             opt = checkmate.optimize(
                 model, budget, (x, y), profile="cpu", time_limit=time_limit, strategy=strategy
             )
@@ -169,9 +170,9 @@ def measure(
         # no PlanRecord is made for a failed plan: the stages come from the timers
         row.total_s = time.perf_counter() - start
         row.status = f"error: {type(exc).__name__}: {exc}"[:400]
-        row.profile_s = spent.get("_costs", 0.0) + spent.get("_scratch_bytes", 0.0)
-        row.scratch_s = spent.get("_scratch_bytes", 0.0)
-        row.solve_s = spent.get("cached_solve", 0.0)
+        row.profile_s = spent.get("profile", 0.0) + spent.get("scratch", 0.0)
+        row.scratch_s = spent.get("scratch", 0.0)
+        row.solve_s = spent.get("plan", 0.0)
         row.trace_s = row.total_s - row.profile_s - row.solve_s
         return row
     row.total_s = time.perf_counter() - start
@@ -233,35 +234,6 @@ def measure(
         row.peak_over_budget = row.measured_peak / row.budget_bytes
         row.eager_over_budget = row.eager_peak / row.budget_bytes
     return row
-
-
-@contextmanager
-def _timed_stages(spent: dict[str, float]) -> Iterator[None]:
-    """Accumulate the seconds of the planner's profile and solve calls into ``spent`` (by
-    function name), for a plan that fails before its record is made; restore them after.
-    Only timers are added: behaviour is unchanged."""
-    import checkmate.runtime as rt
-
-    names = ("_costs", "_scratch_bytes", "cached_solve")
-    saved = {n: getattr(rt, n) for n in names}
-
-    def timer(n: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent[n] = spent.get(n, 0.0) + time.perf_counter() - t0
-
-        return timed
-
-    for n, fn in saved.items():
-        setattr(rt, n, timer(n, fn))
-    try:
-        yield
-    finally:
-        for n, fn in saved.items():
-            setattr(rt, n, fn)
 
 
 # ---------------------------------------------------------------- the parent

@@ -10,16 +10,17 @@ For each model and strategy this runs the same call in two FRESH Python processe
 the other, against one new temporary cache directory (``CHECKMATE_CACHE_DIR``), so the first
 is cold and the second sees only what the first wrote. Each child reads the stage timings
 the planner records per graph (:class:`checkmate.runtime.PlanRecord`), counts the plan
-cache's re-validations by wrapping ``checkmate.cache.validate`` (it changes no behaviour,
-only adds a counter) and prints one JSON line:
+cache's re-validations (the ``validate`` stages reported to :func:`checkmate.timers.observe`)
+and prints one JSON line:
 
 - ``trace_s``: Dynamo + AOTAutograd capture (the ``optimize`` call's wall time outside the
   partitioner) plus building the :class:`solvers.Graph` from the joint graph (excluding the
   cost callbacks);
-- ``profile_s``: op timing (``checkmate.runtime._costs``; persistent op-time cache) and
-  scratch-space measurement (``_scratch_bytes``; persistent scratch cache), the latter also
-  as ``scratch_s``;
-- ``solve_s``: ``cached_solve`` (on a hit: reading the plan file and re-validating it);
+- ``profile_s``: op timing (stage ``profile``; persistent op-time cache) and scratch-space
+  measurement (stage ``scratch``; persistent scratch cache), the latter also as
+  ``scratch_s``;
+- ``solve_s``: stage ``plan``: the plan cache (on a hit: reading the plan file and
+  re-validating it) or the solve;
 - ``codegen_s``: generating the rematerialized forward and backward;
 - ``planning_s`` = profile + solve + codegen (tracing aside: both runs trace the same way);
 - ``cache``: ``hit`` / ``miss`` per graph (``PlanRecord.cache``);
@@ -44,8 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,42 +109,18 @@ def _model(name: str) -> tuple[Any, tuple[Any, ...]]:
 
 
 class _Clock:
-    """Seconds accumulated per stage by the wrappers of :func:`_instrumented`."""
+    """Seconds and calls per stage, as :func:`checkmate.timers.observe` reports them."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
 
-    def wrap(self, stage: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
-                self.calls[stage] = self.calls.get(stage, 0) + 1
-
-        return timed
+    def __call__(self, stage: str, seconds: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+        self.calls[stage] = self.calls.get(stage, 0) + 1
 
     def get(self, stage: str) -> float:
         return self.seconds.get(stage, 0.0)
-
-
-@contextmanager
-def _instrumented(clock: _Clock) -> Iterator[None]:
-    """Count and time the plan cache's simulator replays (``checkmate.cache.validate``);
-    restore it after. The planner's stages are read from its records."""
-    import checkmate.cache as cache_mod
-
-    patches = [(cache_mod, "validate", "validate")]
-    saved = [(mod, attr, getattr(mod, attr)) for mod, attr, _ in patches]
-    for mod, attr, stage in patches:
-        setattr(mod, attr, clock.wrap(stage, getattr(mod, attr)))
-    try:
-        yield
-    finally:
-        for mod, attr, original in saved:
-            setattr(mod, attr, original)
 
 
 def child_main(model_name: str, strategy: str, budget: float, time_limit: float) -> dict[str, Any]:
@@ -163,10 +139,11 @@ def child_main(model_name: str, strategy: str, budget: float, time_limit: float)
 
     import checkmate
     from checkmate.api import plans_of
+    from checkmate.timers import observe
 
     model, inputs = _model(model_name)
     clock = _Clock()
-    with _instrumented(clock):
+    with observe(clock):
         start = time.perf_counter()
         opt = checkmate.optimize(model, budget, inputs, strategy=strategy, time_limit=time_limit)
         total = time.perf_counter() - start

@@ -21,7 +21,6 @@ roofline estimate of the shipped profile for its device kind, with a ProfileWarn
 from __future__ import annotations
 
 import hashlib
-import json
 import operator
 import os
 import platform
@@ -35,10 +34,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from checkmate.cache import cache_dir, cache_enabled
+from checkmate.devcache import DeviceTable
 from checkmate.flops import flat_tensors
 from checkmate.ops import is_mutation, is_view
-from solvers.plan import atomic_write_text
 
 __all__ = [
     "ProfileWarning",
@@ -50,18 +48,17 @@ __all__ = [
     "time_callable",
 ]
 
-CACHE_FORMAT = "checkmate-op-times"
-CACHE_VERSION = 1
 _BATCH_SECONDS = 2e-4
 _SLOW_SECONDS = 2e-2
 _REPEATS = 5
 
-# path (or tag, when persistence is off) -> signature -> seconds
-_MEMORY: dict[str, dict[str, float]] = {}
-
 
 class ProfileWarning(UserWarning):
     """Some ops could not be measured (estimated instead) or the time cache was unusable."""
+
+
+#: measured seconds per op signature, per device (see :mod:`checkmate.devcache`)
+OP_TIMES = DeviceTable("op_times", "checkmate-op-times", 1, float, "op-time cache", ProfileWarning)
 
 
 # --- which nodes cost nothing ----------------------------------------------------------
@@ -264,36 +261,6 @@ def _time_cuda(fn: Callable[[], Any], dev: torch.device) -> float:
         return statistics.median(samples)
 
 
-# --- the persistent cache --------------------------------------------------------------
-
-
-def _read_cache(path: Path) -> dict[str, float]:
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        warnings.warn(f"ignoring unreadable op-time cache {path}: {exc}", ProfileWarning, stacklevel=3)
-        return {}
-    if not isinstance(doc, dict) or doc.get("format") != CACHE_FORMAT or doc.get("version") != CACHE_VERSION:
-        warnings.warn(
-            f"ignoring op-time cache {path} of another format or version", ProfileWarning, stacklevel=3
-        )
-        return {}
-    ops = doc.get("ops", {})
-    return {str(k): float(v) for k, v in ops.items() if isinstance(v, int | float) and v >= 0}
-
-
-def _write_cache(path: Path, tag: str, new: dict[str, float]) -> None:
-    merged = _read_cache(path)  # other processes may have added entries meanwhile
-    merged.update(new)
-    doc = {"format": CACHE_FORMAT, "version": CACHE_VERSION, "device_tag": tag, "ops": merged}
-    try:
-        atomic_write_text(path, json.dumps(doc, indent=0, sort_keys=True))
-    except OSError as exc:
-        warnings.warn(f"cannot write op-time cache {path}: {exc}", ProfileWarning, stacklevel=3)
-
-
 # --- measuring a graph -----------------------------------------------------------------
 
 
@@ -348,15 +315,8 @@ def measure_ops(
     """
     dev = torch.device(device)
     tag = device_tag(dev)
-    persist = cache_enabled()
-    path = cache_dir() / "op_times" / f"{tag}.json"
-    key = str(path) if persist else tag
-    known = _MEMORY.get(key)
-    if known is None:
-        known = _read_cache(path) if persist else {}
-        _MEMORY[key] = known
+    known = OP_TIMES.table(tag)
     table: dict[str, float] = {}
-    new: dict[str, float] = {}
     failed: dict[str, str] = {}
     pool = _Pool(dev)
     rng_devices = [dev] if dev.type == "cuda" else []
@@ -374,10 +334,9 @@ def measure_ops(
                 except Exception as exc:  # any op failure: reported below, estimated by the caller
                     failed[sig] = f"{node.target} ({type(exc).__name__}: {exc}"[:200] + ")"
                     continue
-                known[sig] = new[sig] = seconds
+                OP_TIMES.add(tag, sig, seconds)
             table[sig] = seconds
-    if new and persist:
-        _write_cache(path, tag, new)
+    OP_TIMES.flush()
     if failed:
         warnings.warn(
             f"{len(failed)} op(s) could not be run on {dev}; their costs are estimated from a device "

@@ -237,3 +237,24 @@ def test_bad_arguments_raise_before_any_tracing(
         checkmate.optimize(_RaisesIfRun(), example_inputs=inputs, **kwargs)
     assert torch._dynamo.utils.counters["frames"]["total"] == frames
 
+
+def test_the_keep_all_peak_is_simulated_once_per_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner simulates each graph's keep-all peak once and hands it down inside the
+    Budget: neither the plan cache nor the solver's front door simulates it again."""
+    import checkmate.runtime
+    import solvers.api
+
+    monkeypatch.setenv("CHECKMATE_CACHE", "0")
+    sims: list[int] = []
+    for mod in (checkmate.runtime, solvers.api):
+        real = mod.keep_all_peak
+        monkeypatch.setattr(mod, "keep_all_peak", lambda g, real=real: sims.append(g.n) or real(g))
+
+    class OwnMLP(M.MLP):  # its own forward code object: Dynamo's per-code compile limit is not shared
+        def forward(self, x: Any) -> Any:
+            return super().forward(x)
+
+    torch.manual_seed(0)
+    opt = checkmate.optimize(OwnMLP(32, 2), 0.8, (torch.randn(64, 32),), profile="cpu", time_limit=2)
+    records = plans_of(opt)
+    assert len(records) == 1 and sims == [records[0].joint.graph.n]

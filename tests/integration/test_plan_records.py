@@ -91,13 +91,13 @@ def test_records_carry_stage_timings_and_cache_status(
 
 _CHILD = """
 import json, sys, torch, checkmate
-import checkmate.runtime as rt
+import checkmate.scratch as sc
 from checkmate.api import plans_of
 from solvers.plan import graph_fingerprint
 from tests.integration import _models as M
 measured = []
-original = rt._measure_scratch
-rt._measure_scratch = lambda node, vals: measured.append(str(node.target)) or original(node, vals)
+original = sc.measure_scratch
+sc.measure_scratch = lambda node, vals: measured.append(str(node.target)) or original(node, vals)
 torch.manual_seed(0)
 opt = checkmate.optimize(M.SmallCNN(16, 2), 0.7, (torch.randn(8, 3, 16, 16),), profile="cpu", time_limit=3)
 r = plans_of(opt)[0]

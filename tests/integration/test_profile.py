@@ -19,6 +19,7 @@ from torch._functorch.partitioners import default_partition
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from checkmate import timing
+from checkmate.cache import cache_dir
 from checkmate.profile import (
     DeviceProfile,
     ProfileError,
@@ -218,12 +219,12 @@ def test_measured_costs_are_positive_and_cached(cnn_graph: torch.fx.GraphModule,
         assert (cost == 0.0) == is_free(node), node.target
     # Timing the same op twice never gives the same float: equal values came from the cache.
     assert profile_costs(cnn_graph, nodes, profile=None, device="cpu") == first
-    files = list((timing.cache_dir() / "op_times").glob("*.json"))
+    files = list((cache_dir() / "op_times").glob("*.json"))
     assert len(files) == 1
     doc = json.loads(files[0].read_text())
     assert doc["format"] == "checkmate-op-times" and doc["version"] == 1
     assert {op_signature(n) for n in nodes if not is_free(n)} == set(doc["ops"])
-    timing._MEMORY.clear()  # a new process: the times come back from disk
+    timing.OP_TIMES.clear()  # a new process: the times come back from disk
     assert profile_costs(cnn_graph, nodes, profile=None, device="cpu") == first
 
 
@@ -233,7 +234,7 @@ def test_cache_off_writes_nothing(
     monkeypatch.setenv("CHECKMATE_CACHE", "0")
     nodes = [n for n in cnn_graph.graph.nodes if n.target is aten.mm.default]
     assert all(c > 0 for c in profile_costs(cnn_graph, nodes, profile=None, device="cpu"))
-    assert not (timing.cache_dir() / "op_times").exists()
+    assert not (cache_dir() / "op_times").exists()
 
 
 def test_measured_matmul_is_slower_than_a_tiny_add(one_thread: None) -> None:
@@ -252,7 +253,7 @@ def test_profiling_does_not_change_the_random_stream(cnn_graph: torch.fx.GraphMo
     torch.manual_seed(123)
     expected = torch.rand(4)
     torch.manual_seed(123)
-    timing._MEMORY.clear()
+    timing.OP_TIMES.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error", ProfileWarning)
         profile_costs(cnn_graph, nodes, profile=None, device="cpu")
@@ -302,7 +303,7 @@ def test_profiling_a_500_op_graph_takes_seconds() -> None:
     gm = joint_graph(nn.Sequential(*layers), torch.randn(8, 32, 64))
     nodes = list(gm.graph.nodes)
     assert len(nodes) >= 500
-    timing._MEMORY.clear()
+    timing.OP_TIMES.clear()
     start = time.perf_counter()
     costs = profile_costs(gm, nodes, profile=None, device="cpu")
     elapsed = time.perf_counter() - start

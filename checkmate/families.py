@@ -1,0 +1,138 @@
+"""Plans shared across shapes: a graph seen at new sizes runs a plan already made.
+
+Dynamo compiles one graph per input shape. Graphs of one *family* have the same structure
+(:func:`solvers.resize.structure`: ops and edges, not sizes); a plan of one carries over to
+another by re-simulating its schedule at the new sizes (:func:`solvers.resize.transfer_and_check`).
+The :class:`~checkmate.runtime.Planner` asks, for each new graph, in this order:
+
+- :func:`family_target`: the budget to plan at (a fraction never gets fewer bytes than a
+  larger shape of the family was planned at, so a short last batch always has a plan);
+- :func:`reuse`: the cheapest family plan that fits at these sizes;
+- :func:`plan_ahead`: for a byte budget and a graph larger than the whole family, a plan
+  made for shapes about twice as large, so that the next larger shapes reuse it;
+- :func:`larger_shape_budget`: the bytes the same graph got in a larger training step,
+  when a fraction is infeasible for it (Dynamo specialized a size of 1 differently).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+from checkmate.records import PlanRecord
+from solvers.budget import Budget
+from solvers.errors import CheckmateError
+from solvers.graph import Graph
+from solvers.resize import stretch, transfer_and_check
+from solvers.result import SolveResult, Status
+
+__all__ = ["AHEAD", "family_target", "reuse", "plan_ahead", "larger_shape_budget"]
+
+#: a byte budget's plan for a graph larger than the planned ones of its family is made for
+#: shapes about this many times larger (see :func:`plan_ahead`)
+AHEAD = 2.0
+
+
+def family_target(
+    budget: Budget, ref: int, records: Sequence[PlanRecord], family: Sequence[int]
+) -> tuple[Budget, int | None]:
+    """The budget to plan a graph of keep-all peak ``ref`` at and, when it is a byte
+    budget or the graph has a family, its bytes.
+
+    A byte budget is itself. A fraction is of the graph's own keep-all peak, but never
+    less than the bytes a larger graph of its family was planned at: the step's memory is
+    then that of the family's largest planned shape, and a shorter batch always has a plan
+    (the larger one's schedule fits it).
+    """
+    if budget.fraction is None:
+        return budget, budget.nbytes
+    if not family:
+        return budget, None
+    floor = max(records[i].result.budget for i in family)
+    target = max(budget.resolve(ref), floor)
+    return Budget(nbytes=target, reference=ref), target
+
+
+def reuse(
+    graph: Graph, ref: int, records: Sequence[PlanRecord], family: Sequence[int], target: int
+) -> tuple[SolveResult, int] | None:
+    """The cheapest plan of ``family`` that, carried over to ``graph``'s sizes, fits
+    ``target`` bytes (simulated), with the index of its record; None when none fits."""
+    best: tuple[SolveResult, int] | None = None
+    for i in family:
+        rec = records[i]
+        if rec.result.schedule is None:
+            continue
+        got = transfer_and_check(rec.joint.graph, rec.result.schedule, graph, target)
+        if got is None:
+            continue
+        schedule, sim = got
+        if best is not None and (best[0].cost or 0.0) <= sim.cost:
+            continue
+        info = {
+            "chosen": rec.result.info.get("chosen", rec.result.strategy),
+            "reference": ref,
+            "reused_from": i,
+        }
+        res = replace(
+            rec.result,
+            status=Status.FEASIBLE,
+            budget=target,
+            schedule=schedule,
+            cost=sim.cost,
+            peak=sim.peak,
+            lower_bound=None,
+            build_seconds=0.0,
+            solve_seconds=0.0,
+            info=info,
+        )
+        best = (res, i)
+    return best
+
+
+def plan_ahead(
+    graph: Graph,
+    ref: int,
+    records: Sequence[PlanRecord],
+    family: Sequence[int],
+    nbytes: int,
+    solve: Callable[[Graph, Budget], SolveResult],
+) -> SolveResult | None:
+    """For a byte budget, a graph larger than every planned one of its family: its plan
+    made by ``solve`` on the graph stretched to about twice its size
+    (:func:`solvers.resize.stretch`, extrapolating from the family's largest), when that
+    plan fits ``nbytes`` at the real sizes; None otherwise (then the graph is planned at
+    its own sizes)."""
+    old = max(family, key=lambda i: records[i].reference_peak)
+    if ref <= records[old].reference_peak:
+        return None
+    big = stretch(records[old].joint.graph, graph, AHEAD)
+    if big is None:
+        return None
+    try:
+        res = solve(big, Budget(nbytes=nbytes))
+    except CheckmateError:
+        return None
+    if not res.ok or res.schedule is None:
+        return None
+    got = transfer_and_check(big, res.schedule, graph, nbytes)
+    if got is None:
+        return None
+    schedule, sim = got
+    info = {**res.info, "reference": ref, "planned_ahead": AHEAD}
+    return replace(res, schedule=schedule, cost=sim.cost, peak=sim.peak, lower_bound=None, info=info)
+
+
+def larger_shape_budget(
+    records: Sequence[PlanRecord], steps: Mapping[object, Sequence[int]], step: object, ref: int
+) -> int | None:
+    """The most bytes a graph at this graph's position in another training step (its
+    graphs in compile order) was planned at, among those whose keep-all peak is at least
+    ``ref``; None when there is none."""
+    pos = len(steps.get(step, []))
+    got = [
+        records[idx[pos]].result.budget
+        for sig, idx in steps.items()
+        if sig != step and len(idx) > pos and records[idx[pos]].reference_peak >= ref
+    ]
+    return max(got, default=None)

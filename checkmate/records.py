@@ -1,0 +1,114 @@
+"""What was planned for one compiled graph: :class:`PlanRecord`, for reports and tests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from checkmate.codegen import SplitModules
+from checkmate.trace import JointGraph
+from solvers.budget import format_bytes
+from solvers.result import SolveResult
+
+__all__ = ["PlanRecord"]
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """What was planned for one compiled graph (for reports and tests).
+
+    Attributes:
+        index: the graph's position among those compiled (0, 1, ...).
+        joint: the graph model.
+        result: the validated planner result.
+        modules: the generated forward and backward.
+        reference_peak: the graph's simulated peak without rematerialization (bytes).
+        stages: seconds per stage of planning it (:func:`checkmate.timers.stage`):
+            ``trace`` (building the graph model, ``profile`` and ``scratch`` included),
+            ``profile`` (op costs), ``scratch`` (scratch-space sizes), ``plan`` (the plan
+            cache lookup and, on a miss, the solve), ``codegen`` (the forward and backward,
+            paged when the plan pages).
+        cache: ``"hit"``, ``"miss"``, ``"disabled"`` (CHECKMATE_CACHE=0) or ``"pinned"``
+            (a plan file given to ``optimize(plan=...)`` was used).
+        paged: joint-graph names of saved values the forward hands to the backward on the
+            host (paging plans only).
+        asked_budget: the bytes the budget asked for this graph when it was planned at more
+            (``result.budget``: a fraction infeasible for a small graph, see
+            :meth:`checkmate.runtime.Planner.partition`); None when it was planned at the budget asked.
+        reused_from: the index of the record whose plan this graph runs (the same graph
+            at other tensor sizes, see :meth:`checkmate.runtime.Planner.partition`), or None when this graph
+            was planned itself.
+    """
+
+    index: int
+    joint: JointGraph
+    result: SolveResult
+    modules: SplitModules
+    reference_peak: int
+    stages: Mapping[str, float] = field(default_factory=dict)
+    cache: str = "disabled"
+    paged: tuple[str, ...] = ()
+    asked_budget: int | None = None
+    reused_from: int | None = None
+
+    @property
+    def seconds(self) -> float:
+        """Wall time of trace + profile + plan + codegen."""
+        return sum(self.stages.get(s, 0.0) for s in ("trace", "plan", "codegen"))
+
+    @property
+    def trace_seconds(self) -> float:
+        """Building the graph model, less profiling."""
+        return self.stages.get("trace", 0.0) - self.profile_seconds
+
+    @property
+    def profile_seconds(self) -> float:
+        """Op costs and scratch-space sizes (both measured once per op and cached)."""
+        return self.stages.get("profile", 0.0) + self.scratch_seconds
+
+    @property
+    def scratch_seconds(self) -> float:
+        """The scratch-space part of :attr:`profile_seconds`."""
+        return self.stages.get("scratch", 0.0)
+
+    @property
+    def solve_seconds(self) -> float:
+        """The plan cache lookup and, on a miss, the solve."""
+        return self.stages.get("plan", 0.0)
+
+    @property
+    def codegen_seconds(self) -> float:
+        """Generating the forward and backward (and paging them)."""
+        return self.stages.get("codegen", 0.0)
+
+    @property
+    def recomputes(self) -> int:
+        return self.modules.recomputes
+
+    @property
+    def is_eager(self) -> bool:
+        """True when the plan runs what eager PyTorch runs: no recomputes, nothing paged."""
+        return self.modules.recomputes == 0 and not self.paged
+
+    def summary(self) -> str:
+        """One line: graph size, budget, simulated peak, cost overhead, strategy."""
+        res = self.result
+        g = self.joint.graph
+        chosen = res.info.get("chosen", res.strategy)
+        overhead = (res.cost or 0.0) / g.total_cost - 1.0 if g.total_cost else 0.0
+        gap = f", gap to bound {res.gap:.1%}" if res.gap is not None and self.reused_from is None else ""
+        if self.reused_from is not None:
+            gap += f", plan of graph {self.reused_from} reused at these sizes"
+        if res.info.get("planned_ahead"):
+            gap += f", planned for shapes up to about {res.info['planned_ahead']:g}x these sizes"
+        if self.asked_budget is not None:
+            gap += (
+                f", budget raised from {format_bytes(self.asked_budget)} "
+                f"({self.asked_budget / max(self.reference_peak, 1):.0%}, infeasible for this graph)"
+            )
+        return (
+            f"graph {self.index}: {g.n - 1} ops, budget {format_bytes(res.budget)} "
+            f"({res.budget / max(self.reference_peak, 1):.0%} of {format_bytes(self.reference_peak)}), "
+            f"simulated peak {format_bytes(res.peak or 0)}, {self.recomputes} recomputes, "
+            f"+{overhead:.1%} compute, {chosen} ({res.status}){gap}"
+        )
