@@ -30,6 +30,7 @@ from typing import Any
 
 from solvers import Graph, SolveResult, __version__, solve
 from solvers.api import resolve_budget
+from solvers.budget import parse_budget
 from solvers.errors import CheckmateError, PlanError
 from solvers.plan import (
     PLAN_VERSION,
@@ -143,7 +144,9 @@ def cached_solve(
         InfeasibleBudgetError: no schedule fits the budget (nothing is cached).
     """
     opts = dict(options or {})
-    budget_bytes, _ = resolve_budget(graph, budget)
+    least = parse_budget(budget).least
+    # the budget "min" is keyed as -1 bytes: its plan is valid at the peak it was made for
+    budget_bytes = -1 if least else resolve_budget(graph, budget)[0]
     parts = key_parts(graph, budget_bytes, strategy, opts, profile_id)
     key = _digest(parts)
     if plan_path is not None:
@@ -203,6 +206,8 @@ def _load(
         status = Status(str(doc["status"]))
         if status not in (Status.OPTIMAL, Status.FEASIBLE):
             raise PlanError(f"{path}: plan has status {status}, not a usable schedule")
+        if budget_bytes < 0:  # the budget "min": the least peak, as planned
+            budget_bytes = int(doc["budget_bytes"])
         sim = validate(graph, plan.schedule, budget_bytes)
     except (CheckmateError, ValueError, KeyError, TypeError) as exc:
         warnings.warn(f"rejected plan file, re-planning: {exc}", PlanCacheWarning, stacklevel=3)

@@ -34,7 +34,7 @@ from checkmate.distributed import ddp_reserve, plan_once
 from checkmate.ops import is_mutation, is_random
 from checkmate.timing import ProfileWarning
 from checkmate.trace import JointGraph, build_graph, recompute_dropout_from_mask
-from solvers.api import closest_hint
+from solvers.api import no_plan_error
 from solvers.budget import format_bytes, parse_budget
 from solvers.errors import CheckmateError, InfeasibleBudgetError, SolverError
 from solvers.plan import atomic_write_text
@@ -210,15 +210,8 @@ class Planner:
         res, asked, reused = self._solve(jg, _profile_id(self.profile, device))
         solved = time.perf_counter()
         if not res.ok or res.schedule is None:
-            if res.status == Status.INFEASIBLE:
-                raise InfeasibleBudgetError(
-                    res.budget, res.info.get("min_budget"), reference=res.info.get("reference")
-                )
-            raise SolverError(
-                f"strategy {self.strategy!r} found no schedule within {res.budget:,} bytes for "
-                f"{jg.graph.summary()} ({res.status}){closest_hint(res)}; raise the budget, give it "
-                "more time (time_limit=...) or choose another strategy"
-            )
+            # both numbers: the proven bound, and the least peak a schedule found reaches
+            raise no_plan_error(jg.graph, res, time_limit=self.time_limit)
         modules = generate(joint, jg, res.schedule)
         paged: tuple[str, ...] = ()
         if any(op in (PAGEOUT, PAGEIN) for op, _ in res.schedule.steps):
@@ -381,6 +374,11 @@ class Planner:
         reserve = ddp_reserve()  # DDP's gradient buckets live beside the step
 
         def run(budget: object) -> SolveResult:
+            if parse_budget(budget).least:  # the least peak: nothing to reserve from
+                return plan_once(graph, -1, lambda: cached_solve(
+                    graph, budget, self.strategy, time_limit=self.time_limit, options=self.options,
+                    profile_id=profile_id, plan_path=self.plan_path,
+                ))  # fmt: skip
             nbytes = parse_budget(budget).resolve(keep_all_peak(graph)) - reserve
             return plan_once(
                 graph,

@@ -17,8 +17,9 @@ from solvers.graph import Graph
 from solvers.result import SolveResult, Status
 from solvers.schedule import keep_all_peak, simulate, validate
 from solvers.strategies import get_strategy
+from solvers.strategies.least_peak import known_least_peak, least_peak
 
-__all__ = ["solve", "resolve_budget", "memory_lower_bound", "closest_hint"]
+__all__ = ["solve", "resolve_budget", "memory_lower_bound", "closest_hint", "no_plan_error"]
 
 
 def resolve_budget(graph: Graph, budget: object) -> tuple[int, int]:
@@ -60,27 +61,32 @@ def solve(
         >>> solve(load_graph("VGG16.json"), 0.9, "ilp").status  # doctest: +SKIP
         <Status.OPTIMAL: 'optimal'>
     """
-    nbytes, ref = resolve_budget(graph, budget)
+    b = parse_budget(budget)
+    ref = keep_all_peak(graph)
     floor = memory_lower_bound(graph)
+    if b.least:  # plan at the least peak found: the schedule found reaches it
+        nbytes = least_peak(graph, time_limit=time_limit).peak
+    else:
+        nbytes = b.resolve(ref)
     if nbytes < floor:
+        res = SolveResult(strategy, Status.INFEASIBLE, nbytes, info={"min_budget": floor, "reference": ref})
         if raise_infeasible:
-            raise InfeasibleBudgetError(
-                nbytes, floor, reference=ref, detail="the largest single-op working set"
-            )
-        return SolveResult(strategy, Status.INFEASIBLE, nbytes, info={"min_budget": floor, "reference": ref})
+            raise no_plan_error(graph, res, time_limit=time_limit)
+        return res
     fn = get_strategy(strategy)
     res = fn(graph, nbytes, time_limit=time_limit, **options)
     res = dataclasses.replace(res, strategy=res.strategy or strategy, info={**res.info, "reference": ref})
+    if res.schedule is None or not res.ok:
+        known = known_least_peak(graph)
+        if known is not None and known.peak <= nbytes and res.status != Status.INFEASIBLE:
+            # the least-peak search (auto's last resort, or an earlier solve of this graph)
+            # has a schedule within the budget that this strategy missed
+            res = dataclasses.replace(
+                res, status=Status.FEASIBLE, schedule=known.schedule, info={**res.info, "chosen": known.strategy}
+            )
     if res.status == Status.INFEASIBLE:
         if raise_infeasible:
-            minimum = max(int(res.info.get("min_budget", 0) or 0), floor)
-            raise InfeasibleBudgetError(
-                nbytes,
-                minimum,
-                reference=ref,
-                exact=bool(res.info.get("min_budget_exact")),
-                detail=f"proven by {res.strategy}",
-            )
+            raise no_plan_error(graph, res, time_limit=time_limit)
         return res
     if res.schedule is None:
         return res
@@ -92,6 +98,30 @@ def solve(
     else:
         sim = simulate(graph, res.schedule)
     return dataclasses.replace(res, cost=sim.cost, peak=sim.peak)
+
+
+def no_plan_error(graph: Graph, res: SolveResult, *, time_limit: float | None = None) -> InfeasibleBudgetError:
+    """The :class:`InfeasibleBudgetError` for a result without a schedule within its budget:
+    the proven lower bound (the cheap bound, or more than a budget proven infeasible) and
+    the least peak a schedule actually reaches (:func:`least_peak`, memoized per graph),
+    so that planning at ``exc.minimum`` succeeds on the first try."""
+    floor = memory_lower_bound(graph)
+    proven = max(int(res.info.get("min_budget", 0) or 0), floor)
+    if res.status == Status.INFEASIBLE and proven <= res.budget:
+        proven = res.budget + 1  # proven infeasible at or above the bound: more is needed
+    found = least_peak(graph, time_limit=time_limit)
+    exact = bool(res.info.get("min_budget_exact")) and proven <= found.peak
+    detail = f"proven by {res.strategy}" if res.status == Status.INFEASIBLE else f"{res.strategy}: {res.status}"
+    if res.budget < floor:
+        detail = "the largest single-op working set is more"
+    return InfeasibleBudgetError(
+        res.budget,
+        found.peak,
+        lower_bound=max(proven, found.lower_bound),
+        reference=res.info.get("reference") or keep_all_peak(graph),
+        exact=exact,
+        detail=detail,
+    )
 
 
 def closest_hint(res: SolveResult) -> str:

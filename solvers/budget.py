@@ -3,7 +3,9 @@ checkpoint-all peak (``0.6``, ``"60%"``).
 
 A budget is parsed once into a :class:`Budget` and resolved to bytes against a graph.
 Rules for plain numbers: a Python ``int`` is bytes; a Python ``float`` is a fraction; a
-unit-less string is a fraction when its value is at most 4 and bytes otherwise.
+unit-less string is a fraction when its value is at most 4 and bytes otherwise. The string
+``"min"`` asks for the least peak a schedule reaches within the time limit
+(:func:`solvers.strategies.least_peak.least_peak`).
 """
 
 from __future__ import annotations
@@ -37,21 +39,27 @@ _MAX_FRACTION = 4.0
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """A parsed budget: exactly one of ``nbytes`` and ``fraction`` is set."""
+    """A parsed budget: exactly one of ``nbytes`` and ``fraction`` is set, or neither
+    and ``least`` (the budget ``"min"``: the least peak found)."""
 
     nbytes: int | None = None
     fraction: float | None = None
+    least: bool = False
 
     def resolve(self, reference: int) -> int:
         """Bytes, given the checkpoint-all peak ``reference`` that fractions refer to."""
         if self.nbytes is not None:
             return self.nbytes
+        if self.least:
+            raise BudgetError("the budget 'min' has no bytes until the graph is searched (least_peak)")
         assert self.fraction is not None
         return math.floor(self.fraction * reference)
 
     def __str__(self) -> str:
         if self.nbytes is not None:
             return format_bytes(self.nbytes)
+        if self.least:
+            return "min"
         return f"{self.fraction:.0%}" if self.fraction is not None else "?"
 
 
@@ -81,6 +89,8 @@ def parse_budget(spec: object) -> Budget:
         return Budget(nbytes=spec)
     if isinstance(spec, float):
         return _fraction(spec, repr(spec))
+    if isinstance(spec, str) and spec.strip().lower() in ("min", "minimum"):
+        return Budget(least=True)
     if isinstance(spec, str):
         m = _RE.match(spec)
         if not m:
