@@ -17,7 +17,7 @@ from solvers.graph import Graph
 from solvers.result import SolveResult, Status
 from solvers.schedule import keep_all_peak, simulate, validate
 from solvers.strategies import get_strategy
-from solvers.strategies.least_peak import known_least_peak, least_peak
+from solvers.strategies.least_peak import least_peak
 
 __all__ = ["solve", "resolve_budget", "memory_lower_bound", "closest_hint", "no_plan_error"]
 
@@ -76,14 +76,6 @@ def solve(
     fn = get_strategy(strategy)
     res = fn(graph, nbytes, time_limit=time_limit, **options)
     res = dataclasses.replace(res, strategy=res.strategy or strategy, info={**res.info, "reference": ref})
-    if res.schedule is None or not res.ok:
-        known = known_least_peak(graph)
-        if known is not None and known.peak <= nbytes and res.status != Status.INFEASIBLE:
-            # the least-peak search (auto's last resort, or an earlier solve of this graph)
-            # has a schedule within the budget that this strategy missed
-            res = dataclasses.replace(
-                res, status=Status.FEASIBLE, schedule=known.schedule, info={**res.info, "chosen": known.strategy}
-            )
     if res.status == Status.INFEASIBLE:
         if raise_infeasible:
             raise no_plan_error(graph, res, time_limit=time_limit)

@@ -148,15 +148,17 @@ def _bisect_heuristics(graph: Graph, tolerance: float) -> tuple[_Found, int]:
                 res = get_strategy(name)(graph, mid)
             except CheckmateError:
                 continue
-            if not res.ok or res.schedule is None:
+            if res.schedule is None:
                 continue
+            # an attempt over ``mid`` (peak-greedy returns its least-peak one) is still a
+            # schedule: it may peak below the best so far
             got = simulate(graph, res.schedule)
-            if got.peak <= mid and (found is None or (got.peak, got.cost) < (found[1], found[2])):
+            if found is None or (got.peak, got.cost) < (found[1], found[2]):
                 found = (res.schedule, got.peak, got.cost, name)
-        if found is None:
-            lo = mid
-        else:
+        if found is not None and (found[1], found[2]) < (best[1], best[2]):
             best = found
+        if found is None or found[1] > mid:
+            lo = mid
     return best, lower
 
 
