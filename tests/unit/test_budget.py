@@ -27,8 +27,10 @@ def test_parse(spec: object, expected: Budget) -> None:
 
 @pytest.mark.parametrize(
     "spec",
-    ["abc", "", "-3GB", "0", "0%", "12 parsecs", 0, -1, 0.0, 7.5, True, None, [1], 1e400, float("nan")]
-    + ["1e400", "1e400GB", "1e308TB", "4.5", "1.5B", "1000000.5"],
+    [
+        *("abc", "", "-3GB", "0", "0%", "12 parsecs", 0, -1, 0.0, 7.5, True, None, [1], 1e400, float("nan")),
+        *("1e400", "1e400GB", "1e308TB", "4.5", "1.5B", "1000000.5"),
+    ],
 )
 def test_bad_budgets(spec: object) -> None:
     with pytest.raises(BudgetError):
