@@ -460,7 +460,9 @@ def checkpointed(graph: Graph, schedule: Schedule) -> BoolMatrix:
     held = np.zeros(n, dtype=bool)
     if schedule.S is not None:
         S = np.asarray(schedule.S, dtype=bool)
-        return S.any(axis=0) if S.size else held
+        if S.size:
+            held |= S.any(axis=0)
+        return held
     resident = np.zeros(n, dtype=bool)
     seen = np.zeros(n, dtype=bool)
     since = np.zeros(n, dtype=np.int64)  # stages begun when the value last became resident
