@@ -256,7 +256,7 @@ def show(plan: str, graph_path: str | None, top: int, debug: bool) -> None:
     from solvers.schedule import validate
 
     g = _load(graph_path) if graph_path else None
-    doc = read_plan_document(plan)
+    doc = read_plan_document(plan, g)
     report.kv("plan", f"{plan} (format v{doc.get('version')}, checkmate {doc.get('library_version', '?')})")
     if doc.get("graph_name") or doc.get("n_nodes"):
         report.kv("graph", f"{doc.get('graph_name') or '?'} ({doc.get('n_nodes', '?')} nodes)")
