@@ -48,6 +48,8 @@ families share their index arrays; splitting it would pass a dozen arrays betwee
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,6 +58,7 @@ import scipy.sparse as sp
 
 from solvers import highs, scaling
 from solvers.graph import Graph
+from solvers.result import ProgressFn, SolveProgress
 from solvers.schedule import Schedule, schedule_from_rs
 from solvers.stages import complete_rs, s_from_schedule, stage_memory
 
@@ -69,6 +72,7 @@ __all__ = [
     "decode_schedule",
     "max_violation",
     "problem_of",
+    "progress_hook",
     "warm_start_vector",
 ]
 
@@ -498,6 +502,22 @@ def problem_of(model: MilpModel) -> highs.HighsProblem:
         cost=model.cost,
         integrality=model.integrality,
     )
+
+
+def progress_hook(
+    strategy: str, progress: ProgressFn | None, t0: float, cost_unit: float
+) -> highs.ProgressHook | None:
+    """HiGHS's progress reports on a model (objective in its scaled units, infinite while
+    unknown) as :class:`SolveProgress` in the graph's cost units, timed from ``t0``."""
+    if progress is None:
+        return None
+    fn = progress
+
+    def hook(_: float, incumbent: float | None, bound: float | None, phase: str) -> None:
+        scale = lambda v: None if v is None or not math.isfinite(v) else v * cost_unit  # noqa: E731
+        fn(SolveProgress(strategy, time.perf_counter() - t0, scale(incumbent), scale(bound), phase))
+
+    return hook
 
 
 def warm_start_vector(graph: Graph, model: MilpModel, schedule: Schedule) -> FloatArray | None:
