@@ -151,7 +151,7 @@ def optimize(
     return new
 
 
-def _original(model: nn.Module) -> tuple[nn.Module, type]:
+def _original(model: nn.Module) -> tuple[nn.Module, type[nn.Module]]:
     """The module to optimize and its own class: a ``torch.compile``d module is unwrapped
     (its compiled forward would replace the plan: checkmate's compile runs instead), and an
     optimized module is optimized again from its original class (the new budget and

@@ -36,7 +36,7 @@ from checkmate.timing import ProfileWarning
 from checkmate.trace import JointGraph, build_graph, recompute_dropout_from_mask
 from solvers.api import no_plan_error
 from solvers.budget import format_bytes, parse_budget
-from solvers.errors import CheckmateError, InfeasibleBudgetError, SolverError
+from solvers.errors import CheckmateError, InfeasibleBudgetError
 from solvers.plan import atomic_write_text
 from solvers.resize import stretch, structure, transfer_and_check
 from solvers.result import SolveResult, Status

@@ -92,7 +92,9 @@ def solve(
     return dataclasses.replace(res, cost=sim.cost, peak=sim.peak)
 
 
-def no_plan_error(graph: Graph, res: SolveResult, *, time_limit: float | None = None) -> InfeasibleBudgetError:
+def no_plan_error(
+    graph: Graph, res: SolveResult, *, time_limit: float | None = None
+) -> InfeasibleBudgetError:
     """The :class:`InfeasibleBudgetError` for a result without a schedule within its budget:
     the proven lower bound (the cheap bound, or more than a budget proven infeasible) and
     the least peak a schedule actually reaches (:func:`least_peak`, memoized per graph),
@@ -103,7 +105,9 @@ def no_plan_error(graph: Graph, res: SolveResult, *, time_limit: float | None = 
         proven = res.budget + 1  # proven infeasible at or above the bound: more is needed
     found = least_peak(graph, time_limit=time_limit)
     exact = bool(res.info.get("min_budget_exact")) and proven <= found.peak
-    detail = f"proven by {res.strategy}" if res.status == Status.INFEASIBLE else f"{res.strategy}: {res.status}"
+    detail = (
+        f"proven by {res.strategy}" if res.status == Status.INFEASIBLE else f"{res.strategy}: {res.status}"
+    )
     if res.budget < floor:
         detail = "the largest single-op working set is more"
     return InfeasibleBudgetError(
