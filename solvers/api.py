@@ -8,6 +8,7 @@ simulator before returning it: no strategy's word is taken on trust.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from solvers.bounds import memory_lower_bound
@@ -17,7 +18,7 @@ from solvers.graph import Graph
 from solvers.result import SolveResult, Status
 from solvers.schedule import keep_all_peak, simulate, validate
 from solvers.strategies import get_strategy
-from solvers.strategies.least_peak import least_peak
+from solvers.strategies.least_peak import known_least_peak, least_peak
 
 __all__ = ["solve", "resolve_budget", "memory_lower_bound", "closest_hint", "no_plan_error"]
 
@@ -64,8 +65,11 @@ def solve(
     b = parse_budget(budget)
     ref = keep_all_peak(graph)
     floor = memory_lower_bound(graph)
-    if b.least:  # plan at the least peak found: the schedule found reaches it
-        nbytes = least_peak(graph, time_limit=time_limit).peak
+    if b.least:  # plan at the least peak found (half the time), then at it (the rest)
+        started = time.perf_counter()
+        nbytes = least_peak(graph, time_limit=None if time_limit is None else time_limit / 2).peak
+        if time_limit is not None:
+            time_limit = max(time_limit - (time.perf_counter() - started), 0.0)
     else:
         nbytes = b.resolve(ref)
     if nbytes < floor:
@@ -103,7 +107,10 @@ def no_plan_error(
     proven = max(int(res.info.get("min_budget", 0) or 0), floor)
     if res.status == Status.INFEASIBLE and proven <= res.budget:
         proven = res.budget + 1  # proven infeasible at or above the bound: more is needed
-    found = least_peak(graph, time_limit=time_limit)
+    # where a strategy already spent the time limit, only the heuristic search (about a
+    # second) runs; below the cheap bound nothing ran, and the whole search gets the time
+    searched = res.budget >= floor
+    found = known_least_peak(graph) or least_peak(graph, time_limit=time_limit, exact=not searched)
     exact = bool(res.info.get("min_budget_exact")) and proven <= found.peak
     detail = (
         f"proven by {res.strategy}" if res.status == Status.INFEASIBLE else f"{res.strategy}: {res.status}"
