@@ -6,7 +6,19 @@ on: the graph (ids, edges, sizes, flags, node names and ops), its costs, the dev
 profile id, the budget in bytes, the strategy and its options, the plan-format version
 and the library version (a newer planner plans again). Location:
 ``$CHECKMATE_CACHE_DIR``, else ``$XDG_CACHE_HOME/checkmate``, else ``~/.cache/checkmate``;
-``CHECKMATE_CACHE=0`` turns the cache off; ``plan_path=`` pins one file instead.
+``CHECKMATE_CACHE=0`` turns the cache off.
+
+A plan file the user names (``plan_path=``, ``optimize(..., plan=)``) is theirs: checkmate
+reads it and never changes what is in it. When it does not exist it is created as a plan
+set (:data:`solvers.plan.PLAN_SET_FORMAT`, one entry per graph and budget), and a plan set
+gains an entry for a graph or budget it has none for, so that a model with graph breaks
+keeps all its plans in one file and a later process reuses every one. A plan in it is used
+when it was made for this graph, budget, strategy, options and profile (the costs may have
+been measured again) and the simulator accepts it. A file that is unreadable, a single plan
+(``checkmate solve -o``) for something else, or an entry that is rejected (stale,
+hand-edited, failing the replay) is left byte for byte as it was: a
+:class:`PlanCacheWarning` says why, and the new plan goes to the cache (or nowhere when the
+cache is off).
 
 A plan found on disk is trusted only after the simulator replays it against the graph at
 hand within the budget (:func:`solvers.schedule.validate`). A plan made for another graph,
@@ -31,14 +43,20 @@ from typing import Any
 from checkmate.timers import stage
 from solvers import Graph, SolveResult, __version__, solve
 from solvers.api import resolve_budget
-from solvers.budget import Budget, BudgetSpec
+from solvers.budget import Budget, BudgetSpec, parse_budget
 from solvers.errors import CheckmateError, PlanError
 from solvers.plan import (
     PLAN_VERSION,
+    Plan,
+    atomic_write_text,
     cost_fingerprint,
+    document_checksum,
     graph_fingerprint,
+    plan_from_dict,
+    plan_set_document,
     plan_to_dict,
     read_plan,
+    read_plan_entries,
     write_plan,
 )
 from solvers.result import ProgressFn, Status
@@ -134,8 +152,9 @@ def cached_solve(
         time_limit: seconds for searching strategies (not part of the key; see above).
         options: strategy options (part of the cache key).
         profile_id: identifies the device profile the costs came from (part of the key).
-        plan_path: pin one plan file instead of the cache directory (used even when the
-            cache is disabled).
+        plan_path: the user's plan file, read first and never changed (see the module
+            docstring: created, or added to when it is a plan set, even when the cache is
+            disabled; a rejected plan goes to the cache instead).
         progress: passed to the strategy as ``progress=`` (not part of the key).
 
     Returns:
@@ -147,31 +166,42 @@ def cached_solve(
         InfeasibleBudgetError: no schedule fits the budget (nothing is cached).
     """
     opts = dict(options or {})
-    budget_bytes, ref = resolve_budget(graph, budget)
+    spec = parse_budget(budget)
+    if spec.least:  # the budget "min" is keyed as -1 bytes: its plan is valid at the peak it was made for
+        budget_bytes, resolved = -1, spec
+    else:  # resolved once, carrying the keep-all peak: solve() does not simulate it again
+        budget_bytes, ref = resolve_budget(graph, spec)
+        resolved = Budget(nbytes=budget_bytes, reference=ref)
     parts = key_parts(graph, budget_bytes, strategy, opts, profile_id)
     key = _digest(parts)
-    if plan_path is not None:
-        path: Path | None = Path(plan_path)
-    elif cache_enabled():
-        path = cache_dir() / f"{key}.json"
-    else:
-        path = None
+    cached = cache_dir() / f"{key}.json" if cache_enabled() else None
+    path: Path | None = cached
+    pinned = Path(plan_path) if plan_path is not None else None
+    if pinned is not None:
+        hit, may_add = _from_pinned(pinned, graph, budget_bytes, key, parts)
+        if hit is not None:
+            return hit
+        if may_add:
+            path = pinned
 
-    if path is not None and path.exists():
-        hit = _load(path, graph, budget_bytes, key, parts, time_limit, pinned=plan_path is not None)
+    if path is not None and path != pinned and path.exists():
+        hit = _load(path, graph, budget_bytes, key, parts, time_limit, pinned=False)
         if hit is not None:
             return hit
 
     if progress is not None:
         opts["progress"] = progress
-    res = solve(graph, Budget(nbytes=budget_bytes, reference=ref), strategy, time_limit=time_limit, **opts)
+    res = solve(graph, resolved, strategy, time_limit=time_limit, **opts)
     if path is not None and res.ok:
         doc = plan_to_dict(
             graph, res, cache_key=key, key_parts=parts, profile_id=str(profile_id), time_limit=time_limit
         )
         try:
-            write_plan(path, doc)
-        except OSError as exc:
+            if path == pinned:
+                _add_to_plan_set(path, doc)
+            else:
+                write_plan(path, doc)
+        except (OSError, PlanError) as exc:
             warnings.warn(
                 f"could not write plan file {path}: {exc}; the plan is used but not cached",
                 PlanCacheWarning,
@@ -180,6 +210,68 @@ def cached_solve(
         else:
             res = dataclasses.replace(res, info={**res.info, "cache": "miss", "plan_path": str(path)})
     return res
+
+
+#: key parts a plan in the user's file may differ in and still be used: costs measured
+#: again on another run, and the release that made it
+_PIN_MAY_DIFFER = ("costs", "planner")
+
+
+def _from_pinned(
+    path: Path, graph: Graph, budget_bytes: int, key: str, parts: Mapping[str, Any]
+) -> tuple[SolveResult | None, bool]:
+    """(a plan from the user's file ``path``, or None; whether a new plan may be added to it).
+
+    A file that does not exist may be created; a plan set may gain an entry when it has
+    none for this graph and request. Anything else rejected leaves the file as it is."""
+    if not path.exists():
+        return None, True
+    try:
+        entries, is_set = read_plan_entries(path)
+    except PlanError as exc:
+        _warn_pinned(path, str(exc))
+        return None, False
+    wanted = {k: v for k, v in parts.items() if k not in _PIN_MAY_DIFFER}
+    fp = graph_fingerprint(graph)
+    reasons: list[str] = []
+    for entry in entries:
+        if is_set:
+            if not isinstance(entry, dict) or entry.get("graph_fingerprint") != fp:
+                continue  # another graph's entry
+            stored = entry.get("key_parts")
+            if not isinstance(stored, dict) or any(stored.get(k) != v for k, v in wanted.items()):
+                continue  # the same graph at another budget (or strategy, options, profile)
+        try:
+            plan = plan_from_dict(entry, graph, path=path)
+            return _hit(path, plan, graph, budget_bytes, key, parts, ignore=_PIN_MAY_DIFFER), False
+        except (CheckmateError, ValueError, KeyError, TypeError) as exc:
+            reasons.append(str(exc))
+    if is_set and not reasons:
+        return None, True  # a plan set without an entry for this request: add one
+    _warn_pinned(path, "; ".join(reasons) or "no plan in it")
+    return None, False
+
+
+def _warn_pinned(path: Path, why: str) -> None:
+    where = f"the plan cache ({cache_dir()})" if cache_enabled() else "no file (the cache is off)"
+    warnings.warn(
+        f"plan file {path} not used: {why}. It is left as it is; the new plan goes to {where}",
+        PlanCacheWarning,
+        stacklevel=4,
+    )
+
+
+def _add_to_plan_set(path: Path, doc: Mapping[str, Any]) -> None:
+    """Add the plan ``doc`` to the plan set at ``path`` (created if missing), changing no
+    entry already there. The file is read again right before the write, so entries that
+    another process added meanwhile are kept (a write in between can still be lost)."""
+    entries: list[Any] = []
+    if path.exists():
+        entries, is_set = read_plan_entries(path)
+        if not is_set:
+            raise PlanError(f"{path}: became a single plan meanwhile; it is not changed")
+    sealed = {**doc, "checksum": document_checksum(doc)}
+    atomic_write_text(path, json.dumps(plan_set_document([*entries, sealed]), indent=1))
 
 
 def _load(
@@ -192,29 +284,52 @@ def _load(
     *,
     pinned: bool,
 ) -> SolveResult | None:
-    """The result stored in ``path`` if it is sound for these inputs; else warn and None."""
-    start = time.perf_counter()
+    """The cached result stored in ``path`` if it is sound for these inputs; else warn and None."""
     try:
         plan = read_plan(path, graph)
         doc = plan.doc
-        stored_key = doc.get("cache_key")
-        if stored_key is not None and stored_key != key:
-            stored = doc.get("key_parts")
-            differs = [k for k in parts if stored.get(k) != parts[k]] if isinstance(stored, dict) else ["key"]
-            raise PlanError(f"{path}: plan was made for a different {', '.join(differs) or 'key'}")
-        if not pinned and (stored_key is None or "checksum" not in doc):
+        if not pinned and (doc.get("cache_key") is None or "checksum" not in doc):
             raise PlanError(f"{path}: plan lacks its cache key or checksum (written by hand?)")
-        status = Status(str(doc["status"]))
-        if status not in (Status.OPTIMAL, Status.FEASIBLE):
-            raise PlanError(f"{path}: plan has status {status}, not a usable schedule")
-        with stage("validate"):  # the replay a cache hit costs (benchmarks count them)
-            sim = validate(graph, plan.schedule, budget_bytes)
+        res = _hit(path, plan, graph, budget_bytes, key, parts)
     except (CheckmateError, ValueError, KeyError, TypeError) as exc:
         warnings.warn(f"rejected plan file, re-planning: {exc}", PlanCacheWarning, stacklevel=3)
         return None
-    planned_limit = doc.get("time_limit")
-    if status == Status.FEASIBLE and _longer(time_limit, planned_limit):
+    if res.status == Status.FEASIBLE and _longer(time_limit, doc.get("time_limit")):
         return None  # a longer search was asked for than the one that produced this plan
+    return res
+
+
+def _hit(
+    path: Path,
+    plan: Plan,
+    graph: Graph,
+    budget_bytes: int,
+    key: str,
+    parts: Mapping[str, Any],
+    ignore: tuple[str, ...] = (),
+) -> SolveResult:
+    """The result of a plan read from ``path``, checked against this request's key parts
+    (but those in ``ignore``) and replayed by the simulator within the budget.
+
+    Raises:
+        PlanError, SimulationError: the plan is not for this request or does not replay.
+    """
+    start = time.perf_counter()
+    doc = plan.doc
+    stored_key = doc.get("cache_key")
+    if stored_key is not None and stored_key != key:
+        stored = doc.get("key_parts")
+        differs = [k for k in parts if stored.get(k) != parts[k]] if isinstance(stored, dict) else ["key"]
+        differs = [k for k in differs if k not in ignore]
+        if differs or not isinstance(stored, dict):
+            raise PlanError(f"{path}: plan was made for a different {', '.join(differs) or 'key'}")
+    status = Status(str(doc["status"]))
+    if status not in (Status.OPTIMAL, Status.FEASIBLE):
+        raise PlanError(f"{path}: plan has status {status}, not a usable schedule")
+    if budget_bytes < 0:  # the budget "min": the least peak, as planned
+        budget_bytes = int(plan.doc["budget_bytes"])
+    with stage("validate"):  # the replay a cache hit costs (benchmarks count them)
+        sim = validate(graph, plan.schedule, budget_bytes)
     lower = doc.get("lower_bound")
     info = dict(doc.get("info") or {})
     info.update(

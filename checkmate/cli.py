@@ -9,149 +9,44 @@ Only ``trace`` imports torch; everything else runs on the torch-free ``solvers``
 Exit codes: 0 success; 1 no feasible plan (budget proven infeasible, or no schedule found
 in the time limit); 2 usage or input error; 3 an internal error (a bug: please report it
 with the ``--debug`` output). Errors are one line on stderr; ``--debug`` shows the
-traceback instead.
+traceback instead. The input checks and the error handling are in
+:mod:`checkmate.cli_input`, the tables and live progress in :mod:`checkmate.cli_report`.
 """
 
 from __future__ import annotations
 
 import csv
-import functools
 import io
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any
 
 import click
 
 from checkmate import cli_report as report
+from checkmate.cli_input import (
+    EXIT_BUG,
+    EXIT_NO_PLAN,
+    EXIT_OK,
+    EXIT_USAGE,
+    NoPlan,
+    check_strategy,
+    check_writable,
+    debug_option,
+    fail,
+    handled,
+    load_graph,
+    parse_shape,
+    require_plot_extra,
+    strategy_options,
+)
 from solvers.budget import format_bytes, parse_budget
-from solvers.errors import CheckmateError, InfeasibleBudgetError
 from solvers.result import Status
 
 __all__ = ["main", "cli", "EXIT_OK", "EXIT_NO_PLAN", "EXIT_USAGE", "EXIT_BUG"]
 
-EXIT_OK, EXIT_NO_PLAN, EXIT_USAGE, EXIT_BUG = 0, 1, 2, 3
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class _NoPlan(Exception):
-    """No feasible plan: reported on one line, exit code 1."""
-
-
-# ---------------------------------------------------------------- error handling
-def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    click.echo(" ".join(message.split()), err=True)  # one line, whatever the message holds
-    raise SystemExit(code)
-
-
-def _handled(fn: F) -> F:
-    """Turn the project's errors into one line and an exit code (tracebacks with --debug)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        ctx = click.get_current_context()
-        debug = bool(kwargs.get("debug")) or bool((ctx.obj or {}).get("debug"))
-        try:
-            return fn(*args, **kwargs)
-        except _NoPlan as exc:
-            click.echo(str(exc))
-            raise SystemExit(EXIT_NO_PLAN) from None
-        except InfeasibleBudgetError as exc:
-            if debug:
-                raise
-            click.echo(f"infeasible: {exc}")
-            raise SystemExit(EXIT_NO_PLAN) from None
-        except (CheckmateError, OSError) as exc:
-            if debug:
-                raise
-            text = str(exc) if isinstance(exc, CheckmateError) else _os_error(exc)
-            _fail(f"error: {text}")
-        except KeyboardInterrupt:
-            _fail("interrupted", 130)
-        except Exception as exc:  # a bug, not a user error: still one line, and how to see more
-            if debug:
-                raise
-            _fail(
-                f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
-                EXIT_BUG,
-            )
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _os_error(exc: OSError) -> str:
-    where = f"{exc.filename}: " if exc.filename else ""
-    return f"{where}{exc.strerror or exc}"
-
-
-def _debug_option(fn: F) -> F:
-    return click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")(fn)
-
-
-def _check_writable(path: Path) -> None:
-    """Fail before any work when ``path`` cannot be written."""
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        _fail(f"error: {path} is a folder; give a file name")
-    if not parent.is_dir():
-        _fail(f"error: cannot write {path}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        _fail(f"error: cannot write {path}: permission denied")
-
-
-def _require_plot_extra() -> None:
-    """Fail before any work when matplotlib (the ``[plot]`` extra) is not installed."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        _fail("error: plotting needs matplotlib, which is not installed: pip install 'checkmate-remat[plot]'")
-
-
-def _load(path: str) -> Any:
-    from solvers.io import load_graph
-
-    return load_graph(path)
-
-
-def _check_strategy(name: str) -> None:
-    from solvers.strategies import get_strategy
-
-    get_strategy(name)  # raises CheckmateError naming the known strategies
-
-
-def _strategy_options(strategy: str, pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``("bandwidth=1e8", "heuristic=eq")`` -> options, checked against the strategy's options.
-
-    Values are read as JSON when they parse (numbers, true/false, null), else as strings.
-    """
-    import json
-
-    from solvers.strategies import COMMON_OPTIONS, strategy_options
-
-    known = [k for k in strategy_options(strategy) if k not in COMMON_OPTIONS]
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or not key:
-            _fail(f"error: --option {pair!r} must look like KEY=VALUE")
-        if key in ("time_limit", "progress"):
-            _fail(f"error: --option {key} is set by the command itself; use its own flag")
-        if key not in known:
-            _fail(
-                f"error: strategy {strategy!r} has no option {key!r}; its options: {', '.join(known) or 'none'}"
-            )
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
-
-
-# ---------------------------------------------------------------- the commands
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="checkmate-remat", prog_name="checkmate")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
@@ -185,8 +80,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
     help="A strategy option, e.g. -O heuristic=local (dtr) or -O bandwidth=1e9 (poet); repeatable.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No live progress.")
-@_debug_option
-@_handled
+@debug_option
+@handled
 def solve(
     graph: str,
     budget: str,
@@ -203,11 +98,11 @@ def solve(
     from solvers.plan import write_plan
 
     parse_budget(budget)
-    _check_strategy(strategy)
-    strategy_opts = _strategy_options(strategy, option_pairs)
+    check_strategy(strategy)
+    strategy_opts = strategy_options(strategy, option_pairs)
     out = Path(output)
-    _check_writable(out)
-    g = _load(graph)
+    check_writable(out)
+    g = load_graph(graph)
     report.kv("graph", g.summary())
     start = time.perf_counter()
     with report.Progress(g.total_cost, quiet) as progress:
@@ -220,7 +115,7 @@ def solve(
         why = str(res.status)
         if res.status == Status.NO_SOLUTION:
             why = str(res.info.get("message") or "time limit reached without a schedule")
-        raise _NoPlan(
+        raise NoPlan(
             f"no plan: {res.strategy} found no schedule within the budget ({why}){closest_hint(res)}; "
             "nothing written"
         )
@@ -247,16 +142,16 @@ def strategies() -> None:
     help="The graph, to check the plan and name ops.",
 )
 @click.option("--top", type=int, default=10, show_default=True, help="How many recomputed ops to list.")
-@_debug_option
-@_handled
+@debug_option
+@handled
 def show(plan: str, graph_path: str | None, top: int, debug: bool) -> None:
     """Summarise PLAN: figures, the most recomputed ops, and (with --graph) a replay and
     the graph's repeated blocks (layers)."""
     from solvers.plan import read_plan, read_plan_document
     from solvers.schedule import validate
 
-    g = _load(graph_path) if graph_path else None
-    doc = read_plan_document(plan)
+    g = load_graph(graph_path) if graph_path else None
+    doc = read_plan_document(plan, g)
     report.kv("plan", f"{plan} (format v{doc.get('version')}, checkmate {doc.get('library_version', '?')})")
     if doc.get("graph_name") or doc.get("n_nodes"):
         report.kv("graph", f"{doc.get('graph_name') or '?'} ({doc.get('n_nodes', '?')} nodes)")
@@ -280,8 +175,8 @@ def show(plan: str, graph_path: str | None, top: int, debug: bool) -> None:
 
 @cli.command()
 @click.argument("plans", nargs=-1, required=True)
-@_debug_option
-@_handled
+@debug_option
+@handled
 def compare(plans: tuple[str, ...], debug: bool) -> None:
     """Compare PLANS side by side."""
     from solvers.plan import read_plan_document
@@ -325,8 +220,8 @@ def compare(plans: tuple[str, ...], debug: bool) -> None:
 @click.option("--output", "-o", help="Write the table as CSV.")
 @click.option("--plot", "plot_path", help="Write the Pareto plot (PNG).")
 @click.option("--quiet", "-q", is_flag=True, help="No line per solve while running.")
-@_debug_option
-@_handled
+@debug_option
+@handled
 def sweep(
     graph: str,
     budgets: str,
@@ -345,17 +240,17 @@ def sweep(
     specs = [b.strip() for b in budgets.split(",") if b.strip()]
     names = [s.strip() for s in strategy_list.split(",") if s.strip()]
     if not specs or not names:
-        _fail("error: give at least one budget and one strategy")
+        fail("error: give at least one budget and one strategy")
     for b in specs:
         parse_budget(b)
     for name in names:
-        _check_strategy(name)
+        check_strategy(name)
     for path in (output, plot_path):
         if path:
-            _check_writable(Path(path))
+            check_writable(Path(path))
     if plot_path:
-        _require_plot_extra()
-    g = _load(graph)
+        require_plot_extra()
+    g = load_graph(graph)
     report.kv("graph", g.summary())
     rows = [report.sweep_point(g, name, spec, time_limit, quiet) for name in names for spec in specs]
     table = [
@@ -389,7 +284,7 @@ def sweep(
         pareto_figure(rows, plot_path, title=f"{g.name}: overhead against budget")
         report.kv("plot", plot_path)
     if all(r["overhead"] is None for r in rows):
-        raise _NoPlan("no plan: no strategy found a schedule at any of these budgets")
+        raise NoPlan("no plan: no strategy found a schedule at any of these budgets")
 
 
 @cli.command()
@@ -402,16 +297,16 @@ def sweep(
     help="The graph the plan was made for.",
 )
 @click.option("--output", "-o", required=True, help="PNG to write.")
-@_debug_option
-@_handled
+@debug_option
+@handled
 def plot(plan: str, graph_path: str, output: str, debug: bool) -> None:
     """Draw PLAN's R and S matrices and its memory over the schedule against the budget."""
     from solvers.plan import read_plan
 
     out = Path(output)
-    _check_writable(out)
-    _require_plot_extra()
-    g = _load(graph_path)
+    check_writable(out)
+    require_plot_extra()
+    g = load_graph(graph_path)
     p = read_plan(plan, g)
     from checkmate.plot import plan_figure
 
@@ -437,8 +332,8 @@ def plot(plan: str, graph_path: str, output: str, debug: bool) -> None:
 )
 @click.option("--device", default="cpu", show_default=True, help="Where to run the model while tracing.")
 @click.option("--output", "-o", required=True, help="Graph JSON to write.")
-@_debug_option
-@_handled
+@debug_option
+@handled
 def trace(
     factory: str, shapes: tuple[str, ...], profile: str | None, device: str, output: str, debug: bool
 ) -> None:
@@ -449,8 +344,8 @@ def trace(
     gives one file per graph: GRAPH.0.json, GRAPH.1.json, ...
     """
     out = Path(output)
-    _check_writable(out)
-    dims = [_shape(s) for s in shapes]
+    check_writable(out)
+    dims = [parse_shape(s) for s in shapes]
     from checkmate.cli_trace import trace_factory
 
     graphs = trace_factory(factory, dims, profile, device)
@@ -463,20 +358,6 @@ def trace(
         save_graph(g, path)
         report.kv("graph", g.summary())
         report.kv("saved", str(path))
-
-
-def _shape(text: str) -> tuple[int, ...]:
-    import re
-
-    try:
-        dims = tuple(int(x) for x in re.split(r"[,x]", text.strip()))
-    except ValueError:
-        _fail(
-            f"error: --input-shape {text!r} must be integers separated by commas, e.g. 8,3,32,32 or 8x3x32x32"
-        )
-    if not dims or min(dims) <= 0:
-        _fail(f"error: --input-shape {text!r} must list positive sizes")
-    return dims
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -113,6 +113,8 @@ def _plan_once(
         if kind == "none":
             raise CheckmateError(f"rank 0 found no plan for this graph within its budget ({payload})")
         plan = plan_from_dict(payload, graph)  # PlanError when rank 0 traced another graph
+        if budget_bytes < 0:  # the budget "min": rank 0's least peak
+            budget_bytes = int(plan.doc["budget_bytes"])
         sim = validate(graph, plan.schedule, budget_bytes)
         doc = plan.doc
         lower = doc.get("lower_bound")

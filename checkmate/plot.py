@@ -197,6 +197,9 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.fchmod(fd, 0o666 & ~mask)  # mkstemp makes 0600; users expect their umask
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, path)

@@ -32,12 +32,12 @@ from checkmate.records import PlanRecord
 from checkmate.scratch import flush_scratch, scratch_bytes
 from checkmate.timers import stage
 from checkmate.trace import JointGraph, build_graph, recompute_dropout_from_mask
-from solvers.api import closest_hint
+from solvers.api import no_plan_error
 from solvers.budget import Budget, format_bytes
-from solvers.errors import InfeasibleBudgetError, SolverError
+from solvers.errors import InfeasibleBudgetError
 from solvers.graph import Graph
 from solvers.resize import structure
-from solvers.result import SolveResult, Status
+from solvers.result import SolveResult
 from solvers.schedule import PAGEIN, PAGEOUT, keep_all_peak
 
 __all__ = ["BudgetWarning", "PlanRecord", "Planner"]
@@ -176,8 +176,7 @@ class Planner:
         (the same graph at other sizes), that record's index.
 
         Raises:
-            InfeasibleBudgetError: no schedule fits the budget.
-            SolverError: the strategy found no schedule within the budget and time limit.
+            InfeasibleBudgetError: no schedule fits the budget (or none was found in time).
         """
         graph = jg.graph
         ref = keep_all_peak(graph)  # what fractions refer to: simulated once per graph
@@ -194,13 +193,8 @@ class Planner:
                     return ahead, None, None
         res, asked = self._plan(graph, ref, profile_id, target)
         if not res.ok or res.schedule is None:
-            if res.status == Status.INFEASIBLE:
-                raise InfeasibleBudgetError(res.budget, res.info.get("min_budget"), reference=ref)
-            raise SolverError(
-                f"strategy {self.strategy!r} found no schedule within {res.budget:,} bytes for "
-                f"{graph.summary()} ({res.status}){closest_hint(res)}; raise the budget, give it "
-                "more time (time_limit=...) or choose another strategy"
-            )
+            # both numbers: the proven bound, and the least peak a schedule found reaches
+            raise no_plan_error(graph, res, time_limit=self.time_limit)
         return replace(res, info={**res.info, "reference": ref}), asked, None  # a pinned plan may lack it
 
     def _cached(self, graph: Graph, budget: Budget, profile_id: str) -> SolveResult:
@@ -218,6 +212,9 @@ class Planner:
         reserve = ddp_reserve()  # DDP's gradient buckets live beside the step
 
         def run(budget: Budget) -> SolveResult:
+            if budget.least:  # the least peak: nothing to reserve from
+                least = replace(budget, reference=ref)
+                return plan_once(graph, -1, lambda: self._cached(graph, least, profile_id))
             b = budget.for_graph(ref, reserve)
             return plan_once(graph, b.resolve(ref), lambda: self._cached(graph, b, profile_id))
 

@@ -29,15 +29,15 @@ Modelling choices (the simulator's memory must match what the runtime allocates)
   simulator keeps them live until the step ends, as the caller does.
 - A gradient that is the sum of two backward values (a tied weight: a language model's
   embedding and output head) is added in place into the addend listed last, when that
-  addend is read by nothing else (:func:`_accumulates_into`), as eager autograd
+  addend is read by nothing else (:func:`checkmate.placement.accumulates_into`), as eager autograd
   accumulates it: the sum is folded into that addend's node, which reads the other addend
   too, so the step holds two vocabulary-sized tensors, not three. Addition commutes, so
   the sum is bitwise the one the functional graph computes.
 - Backward nodes are the ops that depend on a tangent, and the ops that only the backward
-  reads (moved to right before their first reader; see :func:`_backward_only`); node ids
+  reads (moved to right before their first reader; see :func:`checkmate.placement.backward_only`); node ids
   list every forward node before every backward node, so a schedule splits into a forward
   and a backward part at its first backward compute. Backward ops larger than their
-  inputs also run right before their first reader (:func:`_deferrable`).
+  inputs also run right before their first reader (:func:`checkmate.placement.deferrable`).
 """
 
 from __future__ import annotations
@@ -51,17 +51,16 @@ import torch
 import torch.fx as fx
 
 from checkmate.ops import is_mutation, is_random, is_view_node, writes_input
+from checkmate.placement import accumulates_into, backward_only, deferrable, lazy_order
 from solvers.errors import TraceError
 from solvers.graph import Graph
 
-__all__ = ["JointGraph", "build_graph", "is_view_op", "recompute_dropout_from_mask", "SINK", "WORKSPACE"]
+__all__ = ["JointGraph", "build_graph", "recompute_dropout_from_mask", "SINK", "WORKSPACE"]
 
 #: key of the sink node that reads every output of the step
 SINK = "__outputs__"
 #: suffix of the key of an op's scratch-space node
 WORKSPACE = ".workspace"
-
-#: ops that alias their first input although their schema does not say so
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ class JointGraph:
             (the op's fx node name, the output's index).
         mutated: names of the primals the step mutates (BatchNorm running statistics).
         inplace: fx node name of an addend -> the gradient ``add`` computed in place into it
-            right after it (see :func:`_accumulates_into`).
+            right after it (see :func:`checkmate.placement.accumulates_into`).
     """
 
     graph: Graph
@@ -144,11 +143,6 @@ def _position(gm: fx.GraphModule, node: fx.Node) -> int:
     raise AssertionError(node)
 
 
-def is_view_op(node: fx.Node) -> bool:
-    """True when ``node`` returns an alias of its tensor inputs (no new storage)."""
-    return is_view_node(node)
-
-
 def _mutated_inputs(placeholders: Sequence[fx.Node], out_node: fx.Node) -> set[fx.Node]:
     """Primals whose new value is a forward output (AOTAutograd's output descriptors)."""
     idx = set()
@@ -165,158 +159,6 @@ def _is_bn_training(node: fx.Node) -> bool:
         and len(node.args) > 5
         and node.args[5] is True
     )
-
-
-def _backward_only(
-    owners: list[fx.Node],
-    inputs: dict[fx.Node, set[fx.Node]],
-    backward: set[fx.Node],
-    pinned: set[fx.Node],
-    mem: dict[fx.Node, int],
-) -> set[fx.Node]:
-    """Ops that do not depend on a tangent but that only the backward reads (e.g. GELU's
-    derivative terms AOTAutograd writes with the forward values: ``3 * 0.044715 * x ** 2``).
-
-    Left in the forward they would be computed at its end and held across the boundary;
-    the backward computes them right before their first reader instead, as PyTorch's own
-    partitioner does. Only ops at least as large as each of their inputs move (holding the
-    input instead then costs no more; a reduction stays where it lets its input die), and
-    never outputs, random ops, mutations or one output of a multi-output op (``pinned``).
-    """
-    readers: dict[fx.Node, list[fx.Node]] = {o: [] for o in owners}
-    for o, ins in inputs.items():
-        for b in ins:
-            readers[b].append(o)
-    sunk: set[fx.Node] = set()
-    for o in reversed(owners):  # readers before the values they read
-        if o in backward or o in pinned or o.op != "call_function" or not readers[o]:
-            continue
-        if all(r in backward or r in sunk for r in readers[o]) and all(mem[o] >= mem[b] for b in inputs[o]):
-            sunk.add(o)
-    return sunk
-
-
-def _deferrable(
-    owners: list[fx.Node],
-    inputs: dict[fx.Node, set[fx.Node]],
-    backward: set[fx.Node],
-    pinned: set[fx.Node],
-    mem: dict[fx.Node, int],
-) -> set[fx.Node]:
-    """Backward ops larger than all their inputs together: computed right before their
-    first reader instead of where AOTAutograd lists them.
-
-    Holding such an op's output from where it is listed to its first reader costs more
-    than holding its inputs over the same stretch, whatever else is live, so running it
-    late never raises the peak of a schedule. The case that matters: a tied embedding's
-    gradient (the LM head's ``mm``, vocabulary x width) that AOTAutograd computes first
-    in the backward and adds to the embedding's gradient last.
-    """
-    return {
-        o
-        for o in owners
-        if o in backward
-        and o.op == "call_function"
-        and o not in pinned
-        and mem[o] > sum(mem[b] for b in inputs[o])
-    }
-
-
-def _lazy_order(
-    owners: list[fx.Node],
-    inputs: dict[fx.Node, set[fx.Node]],
-    backward: set[fx.Node],
-    late: set[fx.Node],
-) -> list[fx.Node]:
-    """The backward ops in fx order, except that ``late`` ops are placed right before
-    their first reader (depth first, inputs before readers); late ops nothing reads
-    (outputs) come last."""
-    rank = {o: i for i, o in enumerate(owners)}
-    placed: set[fx.Node] = set()
-    out: list[fx.Node] = []
-
-    def place(o: fx.Node) -> None:
-        stack: list[tuple[fx.Node, bool]] = [(o, False)]
-        while stack:
-            v, expanded = stack.pop()
-            if v in placed:
-                continue
-            if expanded:
-                placed.add(v)
-                out.append(v)
-                continue
-            stack.append((v, True))
-            for b in sorted(
-                (b for b in inputs[v] if b in late and b not in placed), key=rank.__getitem__, reverse=True
-            ):
-                stack.append((b, False))
-
-    for o in owners:
-        if o in backward and o not in late:
-            place(o)
-    for o in owners:
-        if o in late and o not in placed:
-            place(o)
-    return out
-
-
-def _accumulates_into(
-    node: fx.Node,
-    base: dict[fx.Node, fx.Node | None],
-    backward: set[fx.Node],
-    outputs: set[fx.Node],
-    multi: set[fx.Node],
-) -> fx.Node | None:
-    """The addend ``node`` may be computed in place into, or None.
-
-    ``node`` must be a backward ``aten.add.Tensor(a, b)`` (no ``alpha``) whose result is a
-    gradient of the step; the addend (the later of the two in the graph) must be a backward
-    op's own output (not a view, a placeholder or one output of a multi-output op) that
-    nothing but ``node`` reads, with ``node``'s shape, strides and dtype. Then
-    ``addend.add_(other)`` gives ``node``'s value bit for bit (addition commutes) in the
-    addend's storage. Only gradients qualify: elsewhere the extra read could cost a plan
-    more than the allocation it saves.
-    """
-    if node.target is not torch.ops.aten.add.Tensor or node.kwargs or len(node.args) != 2:
-        return None
-    if node not in backward or node not in outputs:
-        return None
-    a, b = node.args
-    val = node.meta.get("val")
-    if (
-        not isinstance(a, fx.Node)
-        or not isinstance(b, fx.Node)
-        or a is b
-        or not isinstance(val, torch.Tensor)
-    ):
-        return None
-    for x in (b, a):  # args precede their users: the later addend is found by walking on
-        other = a if x is b else b
-        if x.op != "call_function" or base.get(x) is not x or x not in backward or len(x.users) != 1:
-            continue
-        if x.target is operator.getitem and isinstance(x.args[0], fx.Node) and x.args[0] in multi:
-            continue
-        xv = x.meta.get("val")
-        if (
-            not writes_input(x.target)
-            and isinstance(xv, torch.Tensor)
-            and xv.shape == val.shape
-            and xv.stride() == val.stride()
-            and xv.dtype == val.dtype
-            and _later(x, other)
-        ):
-            return x
-    return None
-
-
-def _later(x: fx.Node, y: fx.Node) -> bool:
-    """True when ``x`` comes after ``y`` in their graph."""
-    n = y.next
-    while n.op != "root":
-        if n is x:
-            return True
-        n = n.next
-    return False
 
 
 def _root(node: fx.Node, base: dict[fx.Node, fx.Node | None]) -> fx.Node:
@@ -415,9 +257,9 @@ def build_graph(
             base[n] = n  # one output of a multi-output op: a node of its own
             owners.append(n)
             call_of[n] = first
-        elif (is_view_op(n) or n.target is operator.getitem) and isinstance(first, fx.Node):
+        elif (is_view_node(n) or n.target is operator.getitem) and isinstance(first, fx.Node):
             base[n] = base[first]  # an alias: shares its base's allocation
-        elif (into := _accumulates_into(n, base, backward, out_set, multi)) is not None:
+        elif (into := accumulates_into(n, base, backward, out_set, multi)) is not None:
             base[n] = into  # computed in place: part of the addend's node, reading both
             inplace[into] = n
         elif isinstance(n.meta.get("val"), (tuple, list)) and any(
@@ -459,10 +301,10 @@ def build_graph(
     mem = {
         o: 0 if writes_input(call_of.get(o, o).target) else _tensor_bytes(o.meta.get("val")) for o in owners
     }
-    sunk = _backward_only(owners, inputs, backward, once | held_owners | set(call_of), mem)
-    late = sunk | _deferrable(owners, inputs, backward, once | set(call_of), mem)
+    sunk = backward_only(owners, inputs, backward, once | held_owners | set(call_of), mem)
+    late = sunk | deferrable(owners, inputs, backward, once | set(call_of), mem)
 
-    ordered = [o for o in owners if o not in backward and o not in sunk] + _lazy_order(
+    ordered = [o for o in owners if o not in backward and o not in sunk] + lazy_order(
         owners, inputs, backward, late
     )
     gid = {o: i for i, o in enumerate(ordered)}

@@ -70,6 +70,13 @@ class TinyGPT(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
+def make_model() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The demo's model and one batch, for ``checkmate trace examples/train_transformer.py:make_model``."""
+    torch.manual_seed(0)
+    data = torch.randint(0, 256, (8, 65))
+    return TinyGPT(256, 64, 4, 4, 64, 0.0), data[:, :-1], data[:, 1:]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--budget", type=float, default=0.5, help="fraction of the eager step's peak")
@@ -104,16 +111,26 @@ def main() -> None:
     zero(eager)
     peak_eager = measure_peak(lambda: step(eager))
     zero(eager)
+    # the budget in bytes, a fraction of what eager PyTorch measured (a fraction given to
+    # optimize() would be of the compiled step's keep-all peak instead, a different base)
     budget = int(args.budget * peak_eager)
-    print(f"eager step peak: {format_bytes(peak_eager)}; budget {args.budget:.0%}: {format_bytes(budget)}")
+    print(
+        f"eager step peak: {format_bytes(peak_eager)}; budget: {args.budget:.0%} of it = {format_bytes(budget)}"
+    )
 
     t0 = time.perf_counter()
     opt = checkmate.optimize(
         model, budget, (idx, targets), strategy=args.strategy, profile=None, time_limit=args.time_limit
     )
     print(f"planned in {time.perf_counter() - t0:.1f} s")
-    for rec in checkmate.plans_of(opt):
-        print("  " + rec.summary())
+    for k, rec in enumerate(checkmate.plans_of(opt)):
+        res, g = rec.result, rec.joint.graph
+        extra = (res.cost or 0.0) / g.total_cost - 1.0 if g.total_cost else 0.0
+        print(
+            f"  graph {k}: {g.n - 1} ops, simulated peak {format_bytes(res.peak or 0)} "
+            f"({(res.peak or 0) / peak_eager:.0%} of eager's), {rec.recomputes} recomputes, "
+            f"+{extra:.1%} compute, {res.info.get('chosen', res.strategy)} ({res.status})"
+        )
 
     # gradients: one step from the same weights and the same random state
     torch.manual_seed(1)

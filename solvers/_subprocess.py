@@ -6,6 +6,13 @@ caller's ``__main__`` (a training script without a ``__main__`` guard would trai
 the worker), and forking a process whose solver thread pools already run can deadlock.
 Messages are pickled on the worker's stdout, so solver logs written to C stdout must go
 elsewhere.
+
+The worker runs isolated (``python -I``): the current directory is not on its ``sys.path``
+(else a ``pickle.py`` or a ``solvers/`` folder where the user runs ``checkmate solve`` would be
+imported and executed by the worker), ``PYTHON*`` variables and the user's site folder are
+ignored. The site-packages of the interpreter still load (an editable install's finder
+included), and the folder holding this very ``solvers`` package goes first on ``sys.path``,
+so the worker imports the parent's copy of the package, installed or not.
 """
 
 from __future__ import annotations
@@ -19,12 +26,12 @@ __all__ = ["worker_command", "claim_stdout"]
 
 
 def worker_command(code: str) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment that run ``code`` in a fresh interpreter importing this
-    very ``solvers`` package (first on ``PYTHONPATH``, whatever the caller's working directory)."""
-    env = dict(os.environ)
+    """The argv and environment that run ``code`` in a fresh, isolated interpreter (``-I``)
+    importing this very ``solvers`` package, whatever the caller's working directory holds."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return [sys.executable, "-c", code], env
+    boot = f"import sys; sys.path.insert(0, {root!r}); "
+    return [sys.executable, "-I", "-c", boot + code], env
 
 
 def claim_stdout() -> IO[bytes]:

@@ -8,6 +8,7 @@ simulator before returning it: no strategy's word is taken on trust.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from solvers.bounds import memory_lower_bound
@@ -17,8 +18,9 @@ from solvers.graph import Graph
 from solvers.result import SolveResult, Status
 from solvers.schedule import keep_all_peak, simulate, validate
 from solvers.strategies import get_strategy
+from solvers.strategies.least_peak import known_least_peak, least_peak
 
-__all__ = ["solve", "resolve_budget", "memory_lower_bound", "closest_hint"]
+__all__ = ["solve", "resolve_budget", "memory_lower_bound", "closest_hint", "no_plan_error"]
 
 
 def resolve_budget(graph: Graph, budget: BudgetSpec) -> tuple[int, int]:
@@ -61,27 +63,27 @@ def solve(
         >>> solve(load_graph("VGG16.json"), 0.9, "ilp").status  # doctest: +SKIP
         <Status.OPTIMAL: 'optimal'>
     """
-    nbytes, ref = resolve_budget(graph, budget)
+    b = parse_budget(budget)
+    ref = b.reference if b.reference is not None else keep_all_peak(graph)  # carried: not again
     floor = memory_lower_bound(graph)
+    if b.least:  # plan at the least peak found (half the time), then at it (the rest)
+        started = time.perf_counter()
+        nbytes = least_peak(graph, time_limit=None if time_limit is None else time_limit / 2).peak
+        if time_limit is not None:
+            time_limit = max(time_limit - (time.perf_counter() - started), 0.0)
+    else:
+        nbytes = b.resolve(ref)
     if nbytes < floor:
+        res = SolveResult(strategy, Status.INFEASIBLE, nbytes, info={"min_budget": floor, "reference": ref})
         if raise_infeasible:
-            raise InfeasibleBudgetError(
-                nbytes, floor, reference=ref, detail="the largest single-op working set"
-            )
-        return SolveResult(strategy, Status.INFEASIBLE, nbytes, info={"min_budget": floor, "reference": ref})
+            raise no_plan_error(graph, res, time_limit=time_limit)
+        return res
     fn = get_strategy(strategy)
     res = fn(graph, nbytes, time_limit=time_limit, **options)
     res = dataclasses.replace(res, strategy=res.strategy or strategy, info={**res.info, "reference": ref})
     if res.status == Status.INFEASIBLE:
         if raise_infeasible:
-            minimum = max(int(res.info.get("min_budget", 0) or 0), floor)
-            raise InfeasibleBudgetError(
-                nbytes,
-                minimum,
-                reference=ref,
-                exact=bool(res.info.get("min_budget_exact")),
-                detail=f"proven by {res.strategy}",
-            )
+            raise no_plan_error(graph, res, time_limit=time_limit)
         return res
     if res.schedule is None:
         return res
@@ -93,6 +95,37 @@ def solve(
     else:
         sim = simulate(graph, res.schedule)
     return dataclasses.replace(res, cost=sim.cost, peak=sim.peak)
+
+
+def no_plan_error(
+    graph: Graph, res: SolveResult, *, time_limit: float | None = None
+) -> InfeasibleBudgetError:
+    """The :class:`InfeasibleBudgetError` for a result without a schedule within its budget:
+    the proven lower bound (the cheap bound, or more than a budget proven infeasible) and
+    the least peak a schedule actually reaches (:func:`least_peak`, memoized per graph),
+    so that planning at ``exc.minimum`` succeeds on the first try."""
+    floor = memory_lower_bound(graph)
+    proven = max(int(res.info.get("min_budget", 0) or 0), floor)
+    if res.status == Status.INFEASIBLE and proven <= res.budget:
+        proven = res.budget + 1  # proven infeasible at or above the bound: more is needed
+    # where a strategy already spent the time limit, only the heuristic search (about a
+    # second) runs; below the cheap bound nothing ran, and the whole search gets the time
+    searched = res.budget >= floor
+    found = known_least_peak(graph) or least_peak(graph, time_limit=time_limit, exact=not searched)
+    exact = bool(res.info.get("min_budget_exact")) and proven <= found.peak
+    detail = (
+        f"proven by {res.strategy}" if res.status == Status.INFEASIBLE else f"{res.strategy}: {res.status}"
+    )
+    if res.budget < floor:
+        detail = "the largest single-op working set is more"
+    return InfeasibleBudgetError(
+        res.budget,
+        found.peak,
+        lower_bound=max(proven, found.lower_bound),
+        reference=res.info.get("reference") or keep_all_peak(graph),
+        exact=exact,
+        detail=detail,
+    )
 
 
 def closest_hint(res: SolveResult) -> str:

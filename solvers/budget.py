@@ -6,7 +6,12 @@ A budget is parsed once, at the front door, into a :class:`Budget`, and that typ
 what every layer below receives; it is resolved to bytes against a graph's keep-all peak,
 and a resolved budget carries that peak (``reference``) so that no layer simulates it again.
 Rules for plain numbers: a Python ``int`` is bytes; a Python ``float`` is a fraction; a
-unit-less string is a fraction when its value is at most 4 and bytes otherwise.
+unit-less string is a fraction when its value is at most 4 and bytes otherwise. A count of
+bytes without a unit, or with ``B``, must be whole (``"4.5"`` is neither a fraction, being
+above 4, nor a number of bytes, and is rejected); with a larger unit it is rounded down to
+whole bytes (``"1.1 MiB"`` is 1,153,433 bytes). Non-finite values (``"1e400"``) are rejected.
+The string ``"min"`` asks for the least peak a schedule reaches within the time limit
+(:func:`solvers.strategies.least_peak.least_peak`).
 """
 
 from __future__ import annotations
@@ -136,15 +141,17 @@ def parse_budget(spec: object) -> Budget:
         return Budget(nbytes=spec)
     if isinstance(spec, float):
         return _fraction(spec, repr(spec))
+    if isinstance(spec, str) and spec.strip().lower() in (_LEAST, "minimum"):
+        return Budget(least=True)
     if isinstance(spec, str):
-        if spec.strip().lower() == _LEAST:
-            return Budget(least=True)
         m = _RE.match(spec)
         if not m:
             raise BudgetError(
                 f"budget {spec!r} is not a size or a fraction: write e.g. 16GB, 12GiB, 1500000000, 0.6, 60% or min"
             )
         value, unit = float(m.group(1)), m.group(2).lower()
+        if not math.isfinite(value):
+            raise BudgetError(f"budget {spec!r} is too large to be a number of bytes or a fraction")
         if unit == "%":
             return _fraction(value / 100.0, spec)
         if unit == "" and value <= _MAX_FRACTION:
@@ -153,7 +160,16 @@ def parse_budget(spec: object) -> Budget:
             raise BudgetError(
                 f"budget {spec!r} has an unknown unit {m.group(2)!r}: use B, KB, MB, GB, KiB, MiB, GiB or %"
             )
-        nbytes = int(value * _UNITS[unit])
+        if unit in ("", "b") and not value.is_integer():
+            why = f"is above {_MAX_FRACTION:g}, so it is bytes, but" if unit == "" else "is bytes but"
+            raise BudgetError(
+                f"budget {spec!r} {why} not a whole number of them: write a fraction <= "
+                f"{_MAX_FRACTION:g} (e.g. 0.6 or 60%) or whole bytes"
+            )
+        scaled = value * _UNITS[unit]
+        if not math.isfinite(scaled):
+            raise BudgetError(f"budget {spec!r} is too large to be a number of bytes")
+        nbytes = int(scaled)
         if nbytes <= 0:
             raise BudgetError(f"budget {spec!r} must be positive")
         return Budget(nbytes=nbytes)

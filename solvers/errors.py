@@ -32,44 +32,59 @@ class BudgetError(CheckmateError, ValueError):
 
 
 class InfeasibleBudgetError(CheckmateError):
-    """No schedule fits the budget.
+    """No schedule was found within the budget; the error says which budget has one.
 
     Attributes:
         budget: the budget asked for, in bytes.
-        minimum: the smallest budget (bytes) known to admit a schedule, or a lower bound
-            on it when ``exact`` is False; None when unknown. Always above ``budget``: a
-            strategy may prove a budget infeasible at or above the cheap lower bound it
-            reports, and then the bound says only that more than ``budget`` is needed, so
-            ``minimum`` becomes ``budget + 1`` (an int a retry can use; not exact).
+        lower_bound: bytes every schedule needs, proven (the largest single-op working set,
+            or one more than a budget a solver proved infeasible); None when unknown. When
+            it is above ``budget`` the budget is proven infeasible; otherwise no schedule
+            was found within the time limit, and one may exist.
+        minimum: the simulated peak of a schedule actually found (bytes): planning at
+            ``minimum`` succeeds on the first try (``optimize(model, exc.minimum)``); None
+            when no schedule was searched. ``lower_bound <= minimum``.
         reference: the checkpoint-all peak (bytes) that fractions refer to, if known.
+        exact: ``minimum`` is the least budget any schedule needs (the bound meets it).
     """
 
     def __init__(
         self,
         budget: int,
-        minimum: int | None,
+        minimum: int | None = None,
         *,
+        lower_bound: int | None = None,
         reference: int | None = None,
         exact: bool = False,
         detail: str = "",
     ) -> None:
         self.budget = int(budget)
         self.minimum = None if minimum is None else int(minimum)
-        beyond = self.minimum is not None and self.minimum <= self.budget
-        if beyond:  # proven infeasible at or above the bound given: only "more" is known
-            self.minimum, exact = self.budget + 1, False
+        self.lower_bound = None if lower_bound is None else int(lower_bound)
+        if self.minimum is not None and self.lower_bound is not None:
+            self.lower_bound = min(self.lower_bound, self.minimum)
         self.reference = reference
-        self.exact = exact
-        msg = f"no schedule fits a budget of {_fmt(self.budget, reference)}"
-        if self.minimum is not None and beyond:
-            msg += f"; every schedule needs more than that, at least {_fmt(self.minimum, reference)}"
-        elif self.minimum is not None:
-            word = "the minimum feasible budget is" if exact else "every schedule needs at least"
-            msg += f"; {word} {_fmt(self.minimum, reference)}"
+        self.exact = exact or (
+            self.minimum is not None and self.lower_bound is not None and self.lower_bound >= self.minimum
+        )
+        proven = self.lower_bound is not None and self.lower_bound > self.budget
+        head = "no schedule fits" if proven else "no schedule was found within"
+        msg = f"{head} a budget of {_fmt(self.budget, reference)}"
         if detail:
             msg += f" ({detail})"
-        msg += "; raise the budget"
+        if self.minimum is not None and self.exact:
+            msg += f"; the least budget any schedule needs is {_fmt(self.minimum, reference)}"
+        else:
+            if proven and self.lower_bound is not None:
+                msg += f"; every schedule needs at least {_fmt(self.lower_bound, reference)}"
+            if self.minimum is not None:
+                msg += f"; the least peak found is {_fmt(self.minimum, reference)}, so that budget has a plan"
+        msg += "; raise the budget (budget='min' plans at the least peak found)"
         super().__init__(msg)
+
+    @property
+    def proven(self) -> bool:
+        """Whether the budget is proven infeasible (below :attr:`lower_bound`)."""
+        return self.lower_bound is not None and self.lower_bound > self.budget
 
 
 class ScheduleError(CheckmateError):

@@ -41,13 +41,17 @@ nodes (whose S is pinned to 1 from their computation to their last consumer), an
 only where its node can be present. ``U`` shares R's positions. Everything is built
 with vectorized numpy into one ``scipy.sparse`` matrix: no loop over (stage, node) pairs.
 
-The module is over 450 lines because the build is one vectorized function whose row
-families share their index arrays; splitting it would pass a dozen arrays between files.
+The module is over 450 lines because the build is one vectorized function (about 210
+lines) whose row families share their index arrays; splitting it would pass a dozen arrays
+between files. The encoder, the decoder and the HiGHS adapters (:func:`problem_of`,
+:func:`progress_hook`) stay beside it: they read the same index and scaling.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,6 +60,7 @@ import scipy.sparse as sp
 
 from solvers import highs, scaling
 from solvers.graph import Graph
+from solvers.result import ProgressFn, SolveProgress
 from solvers.schedule import Schedule, schedule_from_rs
 from solvers.stages import complete_rs, s_from_schedule, stage_memory
 
@@ -69,6 +74,7 @@ __all__ = [
     "decode_schedule",
     "max_violation",
     "problem_of",
+    "progress_hook",
     "warm_start_vector",
 ]
 
@@ -498,6 +504,22 @@ def problem_of(model: MilpModel) -> highs.HighsProblem:
         cost=model.cost,
         integrality=model.integrality,
     )
+
+
+def progress_hook(
+    strategy: str, progress: ProgressFn | None, t0: float, cost_unit: float
+) -> highs.ProgressHook | None:
+    """HiGHS's progress reports on a model (objective in its scaled units, infinite while
+    unknown) as :class:`SolveProgress` in the graph's cost units, timed from ``t0``."""
+    if progress is None:
+        return None
+    fn = progress
+
+    def hook(_: float, incumbent: float | None, bound: float | None, phase: str) -> None:
+        scale = lambda v: None if v is None or not math.isfinite(v) else v * cost_unit  # noqa: E731
+        fn(SolveProgress(strategy, time.perf_counter() - t0, scale(incumbent), scale(bound), phase))
+
+    return hook
 
 
 def warm_start_vector(graph: Graph, model: MilpModel, schedule: Schedule) -> FloatArray | None:

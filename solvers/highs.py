@@ -17,6 +17,11 @@ at the limit returns status NO_SOLUTION (model status ``kTimeLimit``) and no sol
 
 HiGHS: Huangfu & Hall, "Parallelizing the dual revised simplex method", Math. Prog.
 Comp. 2018; the MIP solver is branch-and-cut with primal heuristics.
+
+The module is over 450 lines because it is the solver boundary: the only code that touches
+highspy objects (passing the model, options, the progress and incumbent callbacks, reading
+results and mapping statuses) must live in one module so that no highspy type leaves it;
+the worker process runs :func:`solve_here` from here rather than a copy of it.
 """
 
 from __future__ import annotations

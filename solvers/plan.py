@@ -22,6 +22,15 @@ search that made it), ``cache_key`` and ``key_parts`` (written by the plan cache
 :mod:`checkmate.cache`), and ``checksum`` (``"sha256:<hex>"`` of the canonical JSON of every
 other field, added by :func:`write_plan`: a file edited by hand no longer matches and is
 rejected).
+
+A *plan set* holds several plans in one file, one entry per graph (``checkmate.optimize(...,
+plan="p.json")`` writes one when Dynamo splits a step into several graphs)::
+
+    {"format": "checkmate-plans", "version": 1, "plans": [<plan document>, ...]}
+
+Each entry is a whole plan document with its own checksum. :func:`read_plan` picks the
+entry made for the graph it is given; :func:`read_plan_document` takes a set of one entry,
+or the entry for ``graph``.
 """
 
 from __future__ import annotations
@@ -47,6 +56,10 @@ from solvers.schedule import COMPUTE, FREE, PAGEIN, PAGEOUT, Schedule, Step
 __all__ = [
     "PLAN_FORMAT",
     "PLAN_VERSION",
+    "PLAN_SET_FORMAT",
+    "read_plan_entries",
+    "plan_set_document",
+    "is_plan_set",
     "Plan",
     "plan_to_dict",
     "write_plan",
@@ -58,12 +71,15 @@ __all__ = [
     "read_plan_document",
     "document_checksum",
     "stage_matrices",
+    "checkpointed",
 ]
 
 BoolMatrix = npt.NDArray[np.bool_]
 
 PLAN_FORMAT = "checkmate-plan"
 PLAN_VERSION = 1
+PLAN_SET_FORMAT = "checkmate-plans"
+PLAN_SET_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -106,10 +122,7 @@ def plan_to_dict(graph: Graph, result: SolveResult, **extra: Any) -> dict[str, A
     from solvers import __version__
 
     counts = result.schedule.compute_counts(graph.n)
-    _, S = stage_matrices(graph, result.schedule)
-    held = np.zeros(graph.n, dtype=bool)
-    if S.size:
-        held |= S.any(axis=0)
+    held = checkpointed(graph, result.schedule)
     cost = float(result.cost) if result.cost is not None else None
     total = graph.total_cost
     doc: dict[str, Any] = {
@@ -188,20 +201,79 @@ def read_plan(path: str | os.PathLike[str], graph: Graph | None = None) -> Plan:
             schedule step, or made for another graph. No other exception escapes.
     """
     p = Path(path)
-    return plan_from_dict(_load_json(p), graph, path=p)
+    return plan_from_dict(_pick(_load_json(p), graph, f"{p}: "), graph, path=p)
 
 
-def read_plan_document(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and check a plan file without a graph (node ids stay as written).
+def read_plan_document(path: str | os.PathLike[str], graph: Graph | None = None) -> dict[str, Any]:
+    """Read and check a plan file (node ids stay as written); of a plan set, the entry for
+    ``graph`` (or its only entry).
 
     Raises:
         PlanError: unreadable, truncated, not a plan, unknown version, a field of the
-            wrong type, a malformed schedule step, or edited by hand.
+            wrong type, a malformed schedule step, or edited by hand; a plan set with no
+            entry for ``graph``, or several entries and no graph.
+    """
+    p = Path(path)
+    doc = _pick(_load_json(p), graph, f"{p}: ")
+    _check_document(doc, f"{p}: ")
+    return dict(doc)
+
+
+def read_plan_entries(path: str | os.PathLike[str]) -> tuple[list[Any], bool]:
+    """The documents in a plan file, unchecked, and whether it is a plan set (else a file
+    of one plan, or of something else, which :func:`plan_from_dict` rejects).
+
+    Raises:
+        PlanError: unreadable or not JSON; a plan set of an unknown version or without a list.
     """
     p = Path(path)
     doc = _load_json(p)
-    _check_document(doc, f"{p}: ")
-    return dict(doc)
+    if not is_plan_set(doc):
+        return [doc], False
+    return _set_entries(doc, f"{p}: "), True
+
+
+def is_plan_set(doc: Any) -> bool:
+    """True for a plan set document (see the module docstring)."""
+    return isinstance(doc, dict) and doc.get("format") == PLAN_SET_FORMAT
+
+
+def plan_set_document(entries: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """A plan set of ``entries`` (plan documents already sealed with their checksum)."""
+    return {"format": PLAN_SET_FORMAT, "version": PLAN_SET_VERSION, "plans": [dict(e) for e in entries]}
+
+
+def _set_entries(doc: Mapping[str, Any], where: str) -> list[Any]:
+    version = doc.get("version")
+    if isinstance(version, bool) or version != PLAN_SET_VERSION:
+        raise PlanError(
+            f"{where}plan set version {_short(version)} is not supported (this checkmate reads {PLAN_SET_VERSION})"
+        )
+    plans = doc.get("plans")
+    if not isinstance(plans, list):
+        raise PlanError(f"{where}plan set lacks its list of 'plans'")
+    return plans
+
+
+def _pick(doc: Any, graph: Graph | None, where: str) -> Any:
+    """``doc`` itself, or of a plan set the entry for ``graph`` (its only entry without one)."""
+    if not is_plan_set(doc):
+        return doc
+    entries = _set_entries(doc, where)
+    if graph is None:
+        if len(entries) == 1:
+            return entries[0]
+        raise PlanError(
+            f"{where}a plan set of {len(entries)} plans, one per graph (written by optimize(plan=...)): "
+            "give the graph to pick one (checkmate show FILE -g GRAPH)"
+        )
+    fp = graph_fingerprint(graph)
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("graph_fingerprint") == fp:
+            return entry
+    raise PlanError(
+        f"{where}plan set of {len(entries)} plans holds none for this graph (fingerprint mismatch)"
+    )
 
 
 def _load_json(p: Path) -> Any:
@@ -378,6 +450,41 @@ def plan_from_dict(doc: Any, graph: Graph | None = None, *, path: Path | None = 
         if R is None or S is None or R.shape != S.shape:
             R = S = None
     return Plan(doc=doc, schedule=Schedule(tuple(steps), R=R, S=S), path=path)
+
+
+def checkpointed(graph: Graph, schedule: Schedule) -> BoolMatrix:
+    """Per node: is its output resident at the start of some stage (a column of the S of
+    :func:`stage_matrices` that is not all false)? In O(nodes + steps) memory and time,
+    without the (T, n) matrices (a 400,000-node chain would need 160 GB of them)."""
+    n = graph.n
+    held = np.zeros(n, dtype=bool)
+    if schedule.S is not None:
+        S = np.asarray(schedule.S, dtype=bool)
+        if S.size:
+            held |= S.any(axis=0)
+        return held
+    resident = np.zeros(n, dtype=bool)
+    seen = np.zeros(n, dtype=bool)
+    since = np.zeros(n, dtype=np.int64)  # stages begun when the value last became resident
+    stages = 0
+    in_stage = False
+    for op, i in schedule.steps:
+        if op == COMPUTE:
+            if not in_stage:  # a stage begins: every resident value is in its row of S
+                in_stage = True
+                stages += 1
+            if not resident[i]:
+                resident[i], since[i] = True, stages
+            if not seen[i]:
+                seen[i] = True
+                in_stage = False
+        elif op == PAGEIN and not resident[i]:
+            resident[i], since[i] = True, stages
+        elif op == FREE and resident[i]:
+            resident[i] = False
+            held[i] |= stages > since[i]
+    held |= resident & (stages > since)
+    return held
 
 
 def stage_matrices(graph: Graph, schedule: Schedule) -> tuple[BoolMatrix, BoolMatrix]:

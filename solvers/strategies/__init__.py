@@ -98,7 +98,9 @@ STRATEGIES: dict[str, tuple[str, str]] = {
 COMMON_OPTIONS: tuple[str, ...] = ("time_limit", "progress")
 
 #: strategies whose entry point passes more options on to another function: name -> target
-FORWARDED: dict[str, str] = {"cpsat": "solvers.strategies.cpsat_model:solve_in_process"}
+#: (a function, whose keyword-only parameters count, or a tuple of names: cpsat names its
+#: worker's options so that checking them does not import OR-Tools here)
+FORWARDED: dict[str, str] = {"cpsat": "solvers.strategies.cpsat:WORKER_OPTIONS"}
 
 
 def strategy_names() -> list[str]:
@@ -133,7 +135,8 @@ def strategy_options(name: str) -> tuple[str, ...]:
     _check_name(name)
     names = _keyword_only(_load(name, STRATEGIES[name][0]))
     if name in FORWARDED:
-        names += _keyword_only(_load(name, FORWARDED[name]))
+        target = _load(name, FORWARDED[name])
+        names += list(target) if isinstance(target, tuple) else _keyword_only(target)
     own = [k for k in dict.fromkeys(names) if k not in COMMON_OPTIONS]
     return (*COMMON_OPTIONS, *own)
 

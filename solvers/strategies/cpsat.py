@@ -33,10 +33,22 @@ if importlib.util.find_spec("ortools") is None:  # pragma: no cover - needs a ve
         name="ortools",
     )
 
-__all__ = ["cpsat", "main"]
+__all__ = ["cpsat", "main", "WORKER_OPTIONS"]
 
 _MODEL = "solvers.strategies.cpsat_model"
 _WORKER = "from solvers.strategies.cpsat import main; main()"
+#: the keyword-only parameters of :func:`~solvers.strategies.cpsat_model.solve_in_process`,
+#: named here for option checking (:data:`solvers.strategies.FORWARDED`): importing that
+#: module loads OR-Tools, after which CP-SAT would run in this process instead of its worker
+WORKER_OPTIONS: tuple[str, ...] = (
+    "time_limit",
+    "max_computes",
+    "backward_once",
+    "hint",
+    "workers",
+    "seed",
+    "progress",
+)
 #: seconds the worker gets beyond the time limit (start-up, model build, answer) before it is killed
 KILL_GRACE = 30.0
 

@@ -19,9 +19,16 @@ from solvers import highs
 from solvers.bounds import below_floor, memory_lower_bound
 from solvers.duals import lagrangian_bound
 from solvers.errors import OptionError
-from solvers.formulation import decode_schedule, formulate, liveness_masks, problem_of, warm_start_vector
+from solvers.formulation import (
+    decode_schedule,
+    formulate,
+    liveness_masks,
+    problem_of,
+    progress_hook,
+    warm_start_vector,
+)
 from solvers.graph import Graph
-from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
+from solvers.result import ProgressFn, SolveResult, Status
 from solvers.schedule import Schedule, simulate
 
 __all__ = ["ilp"]
@@ -103,7 +110,7 @@ def ilp(
         "warm_start": None if warm_start is None else start is not None,
         "support": support,
     }
-    hook = _progress_hook("ilp", progress, t0, model.cost_unit)
+    hook = progress_hook("ilp", progress, t0, model.cost_unit)
     remaining = None if time_limit is None else max(time_limit - (time.perf_counter() - t0), 0.0)
     res = highs.solve(
         problem_of(model),
@@ -150,24 +157,3 @@ def ilp(
     return SolveResult(
         "ilp", status, budget, schedule, sim.cost, sim.peak, lower_bound=bound, info=info, **common
     )
-
-
-def _progress_hook(
-    strategy: str, progress: ProgressFn | None, t0: float, cost_unit: float
-) -> highs.ProgressHook | None:
-    if progress is None:
-        return None
-    fn = progress
-
-    def hook(_: float, incumbent: float | None, bound: float | None, phase: str) -> None:
-        fn(
-            SolveProgress(
-                strategy,
-                time.perf_counter() - t0,
-                None if incumbent is None else incumbent * cost_unit,
-                None if bound is None else bound * cost_unit,
-                phase,
-            )
-        )
-
-    return hook

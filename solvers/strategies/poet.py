@@ -39,7 +39,6 @@ where the no-paging MILP is infeasible.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -59,10 +58,11 @@ from solvers.formulation import (
     formulate,
     max_violation,
     problem_of,
+    progress_hook,
 )
 from solvers.graph import Graph
 from solvers.hostlink import HostLink, host_link
-from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
+from solvers.result import ProgressFn, SolveResult, Status
 from solvers.schedule import PAGEIN, PAGEOUT, Schedule, schedule_from_order, schedule_from_rs, simulate
 from solvers.stages import complete_rs, s_from_schedule, stage_memory
 
@@ -343,7 +343,7 @@ def poet(
         mip_heuristic_effort=heuristic_effort,
         start=start,
         presolve=presolve,
-        progress=_hook(progress, t0, milp.cost_unit),
+        progress=progress_hook("poet", progress, t0, milp.cost_unit),
         log=log,
     )
     info.update(model_status=res.model_status, mip_gap=res.mip_gap, **res.info)
@@ -374,15 +374,3 @@ def poet(
         transfer_bytes=sim.transfer_bytes,
     )
     return SolveResult("poet", status, budget, schedule, sim.cost, sim.peak, info=info, **common)
-
-
-def _hook(progress: ProgressFn | None, t0: float, cost_unit: float) -> highs.ProgressHook | None:
-    if progress is None:
-        return None
-    fn = progress
-
-    def hook(_: float, incumbent: float | None, bound: float | None, phase: str) -> None:
-        scale = lambda v: None if v is None or not math.isfinite(v) else v * cost_unit  # noqa: E731
-        fn(SolveProgress("poet", time.perf_counter() - t0, scale(incumbent), scale(bound), phase))
-
-    return hook

@@ -18,7 +18,8 @@ from torch._functorch.partitioners import default_partition  # noqa: E402
 
 from checkmate.codegen import generate  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
-from checkmate.trace import SINK, JointGraph, build_graph, is_view_op, recompute_dropout_from_mask  # noqa: E402
+from checkmate.ops import is_view_node  # noqa: E402
+from checkmate.trace import SINK, JointGraph, build_graph, recompute_dropout_from_mask  # noqa: E402
 from solvers.schedule import keep_all_peak, schedule_from_order, simulate  # noqa: E402
 from tests.integration import _models as M  # noqa: E402
 
@@ -56,7 +57,7 @@ def test_views_are_folded_and_placeholders_are_not_nodes() -> None:
     gm, jg = _joint(M.MLP(16, 2), torch.randn(8, 16))
     keys = set(jg.graph.ext_ids())
     for n in gm.graph.nodes:
-        if is_view_op(n):  # aten.t of the weights, views of activations: never nodes
+        if is_view_node(n):  # aten.t of the weights, views of activations: never nodes
             assert n.name not in keys
         if n.op == "placeholder" and n.name.startswith("primals"):
             assert n.name not in keys and n.name not in jg.group

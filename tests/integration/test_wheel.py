@@ -1,10 +1,11 @@
-"""The built wheel works on its own: installed outside the source tree, it ships the device
-profiles and plans with ``profile="h100"``."""
+"""The built wheel works on its own: installed into a fresh virtual environment, it ships the
+device profiles, plans with ``profile="h100"`` and installs the ``checkmate`` command."""
 
 from __future__ import annotations
 
-import os
+import json
 import shutil
+import site
 import subprocess
 import sys
 import textwrap
@@ -57,13 +58,14 @@ _CHILD = textwrap.dedent(
     g = Graph.build(nodes, [(i, i + 1) for i in range(5)], name="chain6")
     res = solvers.solve(g, 1.0, "poet", profile="h100", time_limit=10)
     assert res.ok, res
+    solvers.save_graph(g, "chain.json")  # for the console script
     print("ok")
     """
 )
 
 
 def test_the_built_wheel_ships_the_profiles_and_plans_with_h100(tmp_path: Path) -> None:
-    wheels, site, src = tmp_path / "wheels", tmp_path / "site", tmp_path / "src"
+    wheels, src = tmp_path / "wheels", tmp_path / "src"
     # built from a copy: an in-tree build/ left by an earlier build could ship stale modules
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in ("checkmate", "solvers", "profiles"):
@@ -77,21 +79,40 @@ def test_the_built_wheel_ships_the_profiles_and_plans_with_h100(tmp_path: Path) 
         capture_output=True,
     )
     (wheel,) = wheels.glob("checkmate_remat-*.whl")
-    subprocess.run(
-        [*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, capture_output=True
+    # a fresh venv (no pip of its own: this interpreter's pip installs into it); the
+    # dependencies (torch, numpy, highspy, ...) come from this interpreter's site-packages
+    # through a .pth file, which adds them to the path but not the editable install's finder
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site_dir = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
     )
-    assert (site / "solvers" / "_profiles" / "h100.json").is_file()  # a copy, not the link
-    assert not (site / "solvers" / "_profiles").is_symlink()
-    # the installed copy first on the path, the dependencies from this interpreter's site-packages;
+    (site_dir / "_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    subprocess.run(
+        [*pip, "--python", str(python), "install", "--no-deps", str(wheel)], check=True, capture_output=True
+    )
+    assert (site_dir / "solvers" / "_profiles" / "h100.json").is_file()  # a copy, not the link
+    assert not (site_dir / "solvers" / "_profiles").is_symlink()
     # run from an empty folder so the source tree is not importable
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    work = tmp_path / "work"
+    work.mkdir()
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(site)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [str(python), "-c", _CHILD, str(site_dir)], cwd=work, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert out.stdout.strip().endswith("ok")
+
+    # the console script of the installed copy plans a saved graph with the shipped profile
+    graph = work / "chain.json"
+    cli = [str(venv / "bin" / "checkmate"), "solve", str(graph), "-b", "1.0", "-s", "poet", "-q"]
+    res = subprocess.run(
+        [*cli, "-O", "profile=h100", "-o", str(work / "p.json")], cwd=work, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert json.loads((work / "p.json").read_text())["strategy"] == "poet"

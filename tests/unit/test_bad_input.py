@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from checkmate import cli_report
 from checkmate.cli import cli
 from solvers import (
+    BudgetError,
     Graph,
     GraphError,
     PlanError,
@@ -329,6 +330,22 @@ def test_uniformly_scaled_costs_give_identical_plans(strategy: str) -> None:
     assert simulate(g, a.schedule).cost > g.total_cost  # the budget forces recomputation
     assert a.schedule.steps == b.schedule.steps
     assert b.cost == pytest.approx(a.cost * 2.0**100, rel=1e-12)
+
+
+@pytest.mark.parametrize("budget", ["1e400", "1e400GB", "4.5", "nan", "inf"])
+def test_bad_budgets_exit_2_from_the_cli_and_raise_budget_error(budget: str, tmp_path: Path) -> None:
+    path = tmp_path / "g.json"
+    save_graph(chain(4, training=True), path)
+    out = str(tmp_path / "p.json")
+    err = _one_line_exit_2(run("solve", str(path), "-b", budget, "-s", "checkpoint-all", "-o", out, "-q"))
+    assert "budget" in err
+    with pytest.raises(BudgetError):
+        solve(chain(4, training=True), budget, "checkpoint-all")
+
+
+def test_budget_1e400_float_from_python() -> None:
+    with pytest.raises(BudgetError):
+        solve(chain(4, training=True), 1e400, "checkpoint-all")
 
 
 def test_cpsat_takes_a_budget_of_1e30_bytes() -> None:

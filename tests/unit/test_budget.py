@@ -26,11 +26,28 @@ def test_parse(spec: object, expected: Budget) -> None:
 
 
 @pytest.mark.parametrize(
-    "spec", ["abc", "", "-3GB", "0", "0%", "12 parsecs", 0, -1, 0.0, 7.5, True, None, [1]]
+    "spec",
+    [
+        *("abc", "", "-3GB", "0", "0%", "12 parsecs", 0, -1, 0.0, 7.5, True, None, [1], 1e400, float("nan")),
+        *("1e400", "1e400GB", "1e308TB", "4.5", "1.5B", "1000000.5"),
+    ],
 )
 def test_bad_budgets(spec: object) -> None:
     with pytest.raises(BudgetError):
         parse_budget(spec)
+
+
+def test_the_rule_for_unitless_numbers() -> None:
+    """A unit-less string is a fraction up to 4 and whole bytes above it; "4.5" is neither."""
+    assert parse_budget("4") == Budget(fraction=4.0)
+    assert parse_budget("4.0") == Budget(fraction=4.0)
+    assert parse_budget("5") == Budget(nbytes=5)
+    assert parse_budget("1e30") == Budget(nbytes=int(1e30))
+    assert parse_budget("1.1 MiB") == Budget(nbytes=int(1.1 * 2**20))  # rounded down with a unit
+    with pytest.raises(BudgetError, match="not a whole number"):
+        parse_budget("4.5")
+    with pytest.raises(BudgetError, match="too large"):
+        parse_budget("1e400")
 
 
 def test_resolve() -> None:

@@ -18,7 +18,8 @@ import pytest
 from checkmate.cache import PlanCacheWarning, cache_dir, cache_key, cached_solve
 from checkmate.timers import observe
 from solvers import Budget, Graph, SolveResult, Status, validate, write_plan
-from solvers.plan import PLAN_VERSION, read_plan
+from solvers.errors import PlanError
+from solvers.plan import PLAN_VERSION, document_checksum, plan_to_dict, read_plan, read_plan_document
 from solvers.schedule import schedule_from_order, simulate
 from solvers.strategies import STRATEGIES
 from tests.graphs import chain
@@ -191,22 +192,86 @@ def test_rejects_schedule_the_simulator_refuses() -> None:
     _assert_replanned(g, "not resident")
 
 
+def _rejected_pinned_goes_to_the_cache(g: Graph, pinned: Path, match: str, budget: object = 1.0) -> None:
+    """A rejected plan in the user's file: a warning, the file byte for byte as it was, the
+    new plan in the cache (where the next call finds it)."""
+    before = pinned.read_bytes()
+    with pytest.warns(PlanCacheWarning, match=match):
+        res = cached_solve(g, budget, NAME, plan_path=pinned)
+    assert pinned.read_bytes() == before, "checkmate changed the user's plan file"
+    assert res.info["cache"] == "miss" and res.info["plan_path"] == str(_only_file())
+    with pytest.warns(PlanCacheWarning, match=match):
+        again = cached_solve(g, budget, NAME, plan_path=pinned)
+    assert again.info["cache"] == "hit" and again.info["plan_path"] == str(_only_file())
+    assert pinned.read_bytes() == before
+
+
 def test_rejects_foreign_plan(tmp_path: Path) -> None:
+    """A single plan (as ``checkmate solve -o`` writes) made for another graph."""
     pinned = tmp_path / "pinned.json"
-    cached_solve(chain(5, training=True), 1.0, NAME, plan_path=pinned)
-    g = _graph()
-    _assert_replanned(g, "another graph", pinned)
-    assert read_plan(pinned, g).doc["n_nodes"] == g.n
+    other = chain(5, training=True)
+    res = cached_solve(other, 1.0, NAME, plan_path=tmp_path / "scratch.json")
+    write_plan(pinned, plan_to_dict(other, res))
+    _rejected_pinned_goes_to_the_cache(_graph(), pinned, "another graph")
+    assert len(CALLS) == 2
 
 
-def test_pinned_plan_for_other_budget_is_replanned(tmp_path: Path) -> None:
+def test_pinned_plan_for_other_budget_is_left_as_it_is(tmp_path: Path) -> None:
     pinned = tmp_path / "p.json"
     g = _graph()
-    cached_solve(g, 1.0, NAME, plan_path=pinned)
-    with pytest.warns(PlanCacheWarning, match="budget_bytes"):
-        res = cached_solve(g, 1.2, NAME, plan_path=pinned)
-    assert res.info["cache"] == "miss" and len(CALLS) == 2
-    assert _files() == [], "a pinned plan is not also copied into the cache folder"
+    scratch = tmp_path / "scratch.json"
+    cached_solve(g, 1.0, NAME, plan_path=scratch)
+    # one plan with its cache key, as optimize(plan=) wrote before plan sets
+    pinned.write_text(json.dumps(json.loads(scratch.read_text())["plans"][0]))
+    _rejected_pinned_goes_to_the_cache(g, pinned, "budget_bytes", 1.2)
+
+
+@pytest.mark.parametrize("spoil", ["hand-edited", "truncated", "fails the replay"])
+def test_rejected_entry_of_a_plan_set_is_left_as_it_is(spoil: str, tmp_path: Path) -> None:
+    pinned = tmp_path / "p.json"
+    g = _graph()
+    cached_solve(g, 1.0, NAME, plan_path=pinned)  # creates a plan set of one entry
+    doc = json.loads(pinned.read_text())
+    assert doc["format"] == "checkmate-plans" and len(doc["plans"]) == 1
+    entry = doc["plans"][0]
+    if spoil == "truncated":
+        pinned.write_text(pinned.read_text()[:-50])
+        match = "not valid JSON"
+    else:
+        entry["schedule"] = [s for s in entry["schedule"] if s != ["compute", 3]]
+        if spoil == "fails the replay":
+            entry["checksum"] = document_checksum(entry)
+            match = "not resident"
+        else:
+            match = "modified"
+        pinned.write_text(json.dumps(doc))
+    _rejected_pinned_goes_to_the_cache(g, pinned, match)
+
+
+def test_plan_set_gains_an_entry_per_graph_and_budget(tmp_path: Path) -> None:
+    pinned = tmp_path / "p.json"
+    graphs = [_graph(), chain(4, training=True)]
+    for g in graphs:
+        assert cached_solve(g, 1.0, NAME, plan_path=pinned).info["cache"] == "miss"
+    cached_solve(graphs[0], 1.5, NAME, plan_path=pinned)  # same graph, another budget
+    assert len(json.loads(pinned.read_text())["plans"]) == 3 and len(CALLS) == 3
+    before = pinned.read_bytes()
+    for g, budget in [(graphs[0], 1.0), (graphs[1], 1.0), (graphs[0], 1.5)]:
+        res = cached_solve(g, budget, NAME, plan_path=pinned)
+        assert res.info["cache"] == "hit" and res.info["plan_path"] == str(pinned)
+    assert len(CALLS) == 3 and pinned.read_bytes() == before and _files() == []
+    # the CLI reads the entry for the graph it is given, and asks for one when there are several
+    assert read_plan(pinned, graphs[1]).doc["n_nodes"] == graphs[1].n
+    with pytest.raises(PlanError, match="give the graph"):
+        read_plan_document(pinned)
+
+
+def test_pinned_plan_with_costs_measured_again_is_used(tmp_path: Path) -> None:
+    pinned = tmp_path / "p.json"
+    cached_solve(_graph(), 1.0, NAME, plan_path=pinned)
+    remeasured = chain(6, training=True, cost=1.1)
+    assert cached_solve(remeasured, 1.0, NAME, plan_path=pinned).info["cache"] == "hit"
+    assert len(CALLS) == 1
 
 
 def test_feasible_plan_replanned_for_longer_search() -> None:

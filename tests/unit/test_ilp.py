@@ -141,27 +141,25 @@ def test_diamond_needs_its_whole_width(diamond: Graph) -> None:
     assert res.status == Status.INFEASIBLE and res.info["min_budget"] == 7
 
 
-def test_infeasible_at_the_cheap_bound_reports_a_larger_minimum(diamond: Graph) -> None:
-    # the MILP proves 7 (= the cheap bound) and 8 infeasible: the error's minimum must then
-    # be above the budget that failed (not the bound, which is no larger), so that retrying
-    # at ``exc.minimum`` makes progress and reaches the true minimum, 9
-    budget, tried = memory_lower_bound(diamond), []
+def test_infeasible_budget_states_its_bound_and_a_budget_that_plans(diamond: Graph) -> None:
+    # the MILP proves 7 (= the cheap bound) infeasible: the error's lower bound must be
+    # above the budget that failed, and its minimum the peak of a schedule actually found
+    # (the least-peak search proves 8 infeasible too, so 9 is exact), so that retrying at
+    # ``exc.minimum`` plans on the first try
+    budget = memory_lower_bound(diamond)
     assert budget == 7
-    while True:
-        try:
-            res = solve(diamond, budget, "ilp", time_limit=LIMIT)
-            break
-        except InfeasibleBudgetError as exc:
-            assert exc.minimum is not None and exc.minimum > exc.budget == budget and not exc.exact
-            assert "every schedule needs more than that" in str(exc)
-            assert f"({budget:,} bytes)" in str(exc) and f"({exc.minimum:,} bytes)" in str(exc)
-            tried.append(budget)
-            budget = exc.minimum
-    assert tried == [7, 8] and res.peak == 9
-    # below the bound the bound itself is reported, as before
-    with pytest.raises(InfeasibleBudgetError, match="every schedule needs at least") as info:
+    with pytest.raises(InfeasibleBudgetError) as info:
+        solve(diamond, budget, "ilp", time_limit=LIMIT)
+    exc = info.value
+    assert exc.proven and exc.lower_bound is not None and exc.lower_bound > exc.budget == budget
+    assert exc.minimum == 9 and exc.exact and "the least budget any schedule needs is" in str(exc)
+    assert f"({budget:,} bytes)" in str(exc) and f"({exc.minimum:,} bytes)" in str(exc)
+    res = solve(diamond, exc.minimum, "ilp", time_limit=LIMIT)
+    assert res.ok and res.peak == 9
+    # below the cheap bound: proven by the bound itself
+    with pytest.raises(InfeasibleBudgetError, match="largest single-op working set") as info:
         solve(diamond, 6, "ilp", time_limit=LIMIT)
-    assert info.value.minimum == 7
+    assert info.value.lower_bound == 9 and info.value.minimum == 9
 
 
 def test_result_reports_build_and_model_size() -> None:

@@ -192,3 +192,44 @@ def test_paging_plan_round_trips() -> None:
         back = read_plan(path, g)
     assert back.schedule.steps == res.schedule.steps
     assert validate(g, back.schedule, 4000).peak <= 4000
+
+
+@given(n=st.integers(2, 12), data=st.data())
+def test_checkpointed_matches_the_stage_matrices(n: int, data: st.DataObject) -> None:
+    """The O(steps) 'checkpoint' flags equal the columns of S that hold a True."""
+    from solvers.plan import checkpointed
+
+    extra = data.draw(st.sets(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=2 * n))
+    edges = {(i, i + 1) for i in range(n - 1)} | {(min(a, b), max(a, b)) for a, b in extra if a != b}
+    g = Graph.build(
+        [{"key": f"n{i}", "cost": 1.0, "mem": 1} for i in range(n)],
+        [(f"n{a}", f"n{b}") for a, b in sorted(edges)],
+    )
+    order = list(range(n))
+    for j in data.draw(st.lists(st.integers(0, n - 2), max_size=n)):
+        order = order + list(range(j + 1))
+    sched = Schedule(schedule_from_order(g, order).steps)
+    _, S = stage_matrices(g, sched)
+    assert (checkpointed(g, sched) == S.any(axis=0)).all()
+    chain_sched = Schedule(_recompute_schedule(chain(8, training=True)).steps)
+    _, S = stage_matrices(chain(8, training=True), chain_sched)
+    assert (checkpointed(chain(8, training=True), chain_sched) == S.any(axis=0)).all()
+
+
+def test_plan_of_a_50k_chain_stays_sparse() -> None:
+    """Writing a plan allocates O(nodes + steps): the (T, n) stage matrices of a 50,000-node
+    chain would be 2.5 GB of booleans; the bound here is 100x below that."""
+    import tracemalloc
+
+    from solvers.api import solve
+
+    g = chain(25_000, training=True)  # 50,000 nodes
+    res = solve(g, 1.0, "checkpoint-all")
+    tracemalloc.start()
+    try:
+        doc = plan_to_dict(g, res)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert doc["n_nodes"] == g.n and len(doc["schedule"]) == len(res.schedule.steps)
+    assert peak < g.n * g.n // 100, f"{peak:,} bytes traced for a plan of {g.n:,} nodes"

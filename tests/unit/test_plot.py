@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +70,16 @@ def test_cli_plot_writes_png(tmp_path: Path) -> None:
     res = runner.invoke(cli, ["plot", str(plan), "--graph", str(gpath), "-o", str(fig)])
     assert res.exit_code == 0, res.output
     _check_png(fig, min_w=1000)
+
+
+def test_png_takes_the_users_umask(tmp_path: Path) -> None:
+    g = chain(6)
+    old = os.umask(0o022)
+    try:
+        out = plan_figure(g, schedule_from_order(g, list(range(6))), None, tmp_path / "fig.png")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644  # not mkstemp's 0600
 
 
 def test_cli_plot_needs_the_plans_graph(tmp_path: Path) -> None:

@@ -1,0 +1,193 @@
+"""The least peak a schedule of a graph can reach, and a schedule that reaches it.
+
+A budget below what every schedule needs has no plan; the user's next question is "then
+what budget does?". The cheap bound of :mod:`solvers.bounds` (the largest working set of
+one op) answers "at least this much" but is often far below any schedule (half the least
+peak on traced CNNs), so retrying at it fails again. This module answers with a schedule
+actually found, so that planning at its peak succeeds on the first try:
+
+1. Bisect the budget between the cheap bound and the keep-all peak with the fast
+   heuristics (peak-greedy, DTR, gap-cover; milliseconds to a second each): each budget
+   where one fits lowers the best peak to that schedule's simulated peak.
+2. On graphs the MILP takes, bisect further with the Checkmate MILP without objective
+   (Jain et al., MLSys 2020; :func:`~solvers.strategies.ilp.ilp` with
+   ``feasibility=True``): a schedule found lowers the best peak, a budget proven
+   infeasible raises the proven lower bound. The search stops when the two meet within
+   ``tolerance`` or the time runs out.
+
+The result is memoized per graph (:func:`~solvers.plan.graph_fingerprint`: a schedule's
+validity depends on structure and sizes only), so that a later solve of the same graph at
+that peak, in the same process, finds the same schedule whatever its time limit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from solvers.bounds import memory_lower_bound
+from solvers.errors import CheckmateError
+from solvers.graph import Graph
+from solvers.schedule import Schedule, schedule_from_order, simulate
+
+__all__ = ["LeastPeak", "least_peak", "known_least_peak"]
+
+#: heuristics of the first bisection: deterministic, fast, and together the lowest peaks
+#: on traced graphs (peak-greedy on transformers, DTR on CNNs, gap-cover on DenseNets)
+HEURISTICS = ("peak-greedy", "dtr", "gap-cover")
+#: the exact phase runs on graphs of at most this many nodes (the MILP's O(n^2) model)
+EXACT_MAX_NODES = 400
+#: relative width of the bracket [proven bound, best peak] at which the search stops
+TOLERANCE = 0.005
+
+
+@dataclass(frozen=True)
+class LeastPeak:
+    """The least peak found for a graph.
+
+    Attributes:
+        schedule: a schedule whose simulated peak is ``peak``.
+        peak: bytes; a budget of at least this has a plan.
+        cost: the schedule's simulated cost.
+        lower_bound: bytes every schedule needs (proven: the cheap bound, or one more than
+            a budget the MILP proved infeasible); ``lower_bound <= peak``.
+        strategy: what found the schedule.
+        exact_tried: whether the MILP phase ran (a memoized result without it does not
+            answer a caller who asks for it).
+    """
+
+    schedule: Schedule
+    peak: int
+    cost: float
+    lower_bound: int
+    strategy: str
+    exact_tried: bool
+
+    @property
+    def proven_minimal(self) -> bool:
+        """Whether no schedule peaks lower (the bound meets the peak)."""
+        return self.lower_bound >= self.peak
+
+
+_MEMO: dict[str, LeastPeak] = {}
+
+
+def known_least_peak(graph: Graph) -> LeastPeak | None:
+    """The memoized least peak of ``graph``, if one was searched in this process."""
+    from solvers.plan import graph_fingerprint
+
+    return _MEMO.get(graph_fingerprint(graph))
+
+
+def least_peak(
+    graph: Graph,
+    *,
+    time_limit: float | None = None,
+    exact: bool = True,
+    exact_max_nodes: int = EXACT_MAX_NODES,
+    tolerance: float = TOLERANCE,
+) -> LeastPeak:
+    """Search the least peak of any schedule of ``graph`` (see the module docstring).
+
+    Args:
+        graph: the graph.
+        time_limit: seconds for the whole search (default: 30); the heuristic bisection
+            runs to its end regardless (about a second on hundreds of ops), so that its
+            result does not depend on the machine's speed.
+        exact: run the MILP phase on graphs of at most ``exact_max_nodes`` nodes.
+        exact_max_nodes: see ``exact``.
+        tolerance: stop when the best peak is within this share of the proven bound.
+
+    Returns:
+        The :class:`LeastPeak` found (memoized: a second call returns the first result,
+        unless it asks for the MILP phase the first one skipped).
+    """
+    from solvers.plan import graph_fingerprint
+
+    key = graph_fingerprint(graph)
+    memo = _MEMO.get(key)
+    want_exact = exact and graph.n <= exact_max_nodes
+    if memo is not None and (memo.exact_tried or not want_exact):
+        return memo
+    limit = 30.0 if time_limit is None else max(float(time_limit), 0.0)
+    start = time.perf_counter()
+
+    def left() -> float:
+        return max(limit - (time.perf_counter() - start), 0.0)
+
+    if memo is None:
+        best, lower = _bisect_heuristics(graph, tolerance)
+    else:
+        best, lower = (memo.schedule, memo.peak, memo.cost, memo.strategy), memo.lower_bound
+    if want_exact:
+        best, lower = _bisect_exact(graph, best, lower, tolerance, left)
+    sched, peak, cost, who = best
+    found = LeastPeak(sched, peak, cost, min(lower, peak), who, exact_tried=want_exact)
+    _MEMO[key] = found
+    return found
+
+
+#: (schedule, peak, cost, strategy)
+_Found = tuple[Schedule, int, float, str]
+
+
+def _bisect_heuristics(graph: Graph, tolerance: float) -> tuple[_Found, int]:
+    """The heuristic bisection: the least-peak schedule found and the cheap bound."""
+    from solvers.strategies import get_strategy
+
+    keep_all = schedule_from_order(graph, range(graph.n))
+    sim = simulate(graph, keep_all)
+    best: _Found = (keep_all, sim.peak, sim.cost, "checkpoint-all")
+    lower = memory_lower_bound(graph)
+    lo = lower - 1  # the heuristics' failures prove nothing: lo only steers the bisection
+    while best[1] - lo > max(1, int(tolerance * best[1])):
+        mid = (lo + best[1]) // 2
+        found = None
+        for name in HEURISTICS:
+            try:
+                res = get_strategy(name)(graph, mid)
+            except CheckmateError:
+                continue
+            if res.schedule is None:
+                continue
+            # an attempt over ``mid`` (peak-greedy returns its least-peak one) is still a
+            # schedule: it may peak below the best so far
+            got = simulate(graph, res.schedule)
+            if found is None or (got.peak, got.cost) < (found[1], found[2]):
+                found = (res.schedule, got.peak, got.cost, name)
+        if found is not None and (found[1], found[2]) < (best[1], best[2]):
+            best = found
+        if found is None or found[1] > mid:
+            lo = mid
+    return best, lower
+
+
+def _bisect_exact(
+    graph: Graph, best: _Found, lower: int, tolerance: float, left: object
+) -> tuple[_Found, int]:
+    """The MILP bisection between the proven bound and the best peak, in the time left."""
+    from solvers.result import Status
+    from solvers.strategies.ilp import ilp
+
+    assert callable(left)
+    lo = lower - 1  # the search's floor: proven infeasible, or undecided in its time
+    # gallop down from the best peak (the heuristics leave it within a few tens of percent
+    # of the least, and budgets near a schedule are found fastest), then bisect
+    step = max(1, int(0.02 * best[1]))
+    while best[1] - lo > max(1, int(tolerance * best[1])) and left() > 0.5:
+        mid = max(best[1] - step, (lo + best[1]) // 2)  # strictly between lo and the best
+        # a third of what is left: a hard budget may take it all and still end undecided
+        res = ilp(graph, mid, time_limit=max(left() / 3, 0.5), feasibility=True)
+        if res.status == Status.INFEASIBLE:
+            lower, lo = max(lower, mid + 1), mid
+        elif res.ok and res.schedule is not None:
+            got = simulate(graph, res.schedule)
+            if got.peak > mid:  # the simulator has the last word
+                break
+            best = (res.schedule, got.peak, got.cost, "ilp (feasibility)")
+            step *= 2
+            continue
+        else:
+            lo = mid  # undecided: look higher, where a schedule is easier to find
+        step = max(1, (best[1] - lo) // 2)
+    return best, lower

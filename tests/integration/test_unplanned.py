@@ -1,0 +1,123 @@
+"""No training step of an optimized module runs unplanned without a loud signal.
+
+- Many ``optimize()`` calls on modules of one class, and many input shapes of one module,
+  stay under Dynamo's recompile limits (each optimized module compiles a forward of its
+  own, with a limit of its own; past it the call raises instead of running eagerly).
+- ``torch.compile(optimize(m))`` and ``optimize(torch.compile(m))`` both plan;
+  ``optimize(optimize(m))`` plans again at the new budget.
+- Under a byte budget the step runs compiled even when its plan recomputes nothing: eager
+  autograd can hold more than the compiled keep-all step that was checked against the bytes.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import checkmate
+from checkmate.api import UnplannedWarning
+from checkmate.memory import measure_peak
+from tests.integration._models import MLP, Block
+
+pytestmark = pytest.mark.torch
+
+TIME_LIMIT = 2.0
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return MLP(32, 6).train()
+
+
+def _step(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    for p in model.parameters():
+        p.grad = None
+    model(x).pow(2).mean().backward()
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def _eager_grads(x: torch.Tensor) -> list[torch.Tensor]:
+    return _step(_mlp(), x)
+
+
+def test_twenty_modules_of_one_class_are_each_planned() -> None:
+    x = torch.randn(256, 32)
+    want = _eager_grads(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnplannedWarning)
+        for k in range(20):  # Dynamo's default recompile limit is 8 per code object
+            opt = checkmate.optimize(_mlp(), 0.6, time_limit=TIME_LIMIT)
+            got = _step(opt, x)
+            assert len(checkmate.plans_of(opt)) == 1, f"module {k} ran unplanned"
+            assert all(torch.equal(a, b) for a, b in zip(want, got)), k
+
+
+def test_many_shapes_of_one_module_are_each_compiled_and_planned() -> None:
+    opt = checkmate.optimize(_mlp(), 0.6, time_limit=TIME_LIMIT)
+    shapes = list(range(256, 64, -16))  # 12 batch sizes: above Dynamo's default limit of 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnplannedWarning)
+        for n in shapes:
+            x = torch.randn(n, 32)
+            assert all(torch.equal(a, b) for a, b in zip(_eager_grads(x), _step(opt, x))), n
+    records = checkmate.plans_of(opt)
+    assert len(records) == len(shapes)  # every shape went through the planner
+
+
+def test_torch_compile_of_an_optimized_module_plans() -> None:
+    x = torch.randn(256, 32)
+    opt = checkmate.optimize(_mlp(), 0.6, time_limit=TIME_LIMIT)
+    compiled = torch.compile(opt)
+    got = _step(compiled, x)
+    plans = checkmate.plans_of(opt)
+    assert len(plans) == 1 and plans[0].recomputes > 0
+    assert all(torch.equal(a, b) for a, b in zip(_eager_grads(x), got))
+
+
+def test_optimize_of_a_compiled_module_plans_its_original() -> None:
+    x = torch.randn(256, 32)
+    with pytest.warns(UserWarning, match="torch.compile'd module"):
+        opt = checkmate.optimize(torch.compile(_mlp()), 0.6, time_limit=TIME_LIMIT)
+    got = _step(opt, x)
+    plans = checkmate.plans_of(opt)
+    assert len(plans) == 1 and plans[0].recomputes > 0
+    assert all(torch.equal(a, b) for a, b in zip(_eager_grads(x), got))
+
+
+def test_optimize_of_an_optimized_module_plans_at_the_new_budget() -> None:
+    x = torch.randn(256, 32)
+    first = checkmate.optimize(_mlp(), 0.9, time_limit=TIME_LIMIT)
+    _step(first, x)
+    second = checkmate.optimize(first, 0.6, time_limit=TIME_LIMIT)
+    assert type(second) is type(first)  # one subclass, not a subclass of the subclass
+    got = _step(second, x)
+    (a,), (b,) = checkmate.plans_of(first), checkmate.plans_of(second)
+    assert b.result.budget < a.result.budget and b.result.budget <= 0.6 * b.reference_peak + 1
+    assert all(torch.equal(u, v) for u, v in zip(_eager_grads(x), got))
+
+
+def test_a_byte_budget_between_keep_all_and_eager_holds_as_measured() -> None:
+    torch.manual_seed(0)
+    model = Block(64, p=0.1).train()
+    x = torch.randn(4, 32, 64)
+
+    def step(m: nn.Module) -> None:
+        for p in m.parameters():
+            p.grad = None
+        m(x).pow(2).mean().backward()
+
+    step(model)
+    eager = measure_peak(lambda: step(model))
+    probe = checkmate.optimize(copy.deepcopy(model), 1.0, (x,), time_limit=TIME_LIMIT)
+    keep_all = sum(p.reference_peak for p in checkmate.plans_of(probe))
+    assert eager > 1.05 * keep_all, "the model no longer shows eager holding more than keep-all"
+    budget = int(1.01 * keep_all)  # keep-all fits; eager's own peak does not, by > 5%
+    opt = checkmate.optimize(copy.deepcopy(model), budget, (x,), time_limit=TIME_LIMIT)
+    step(opt)
+    measured = measure_peak(lambda: step(opt))
+    assert 1.05 * budget < eager, (budget, eager)
+    assert measured <= 1.05 * budget, (measured, budget, eager)
