@@ -93,6 +93,8 @@ def auto(
     proven_infeasible: SolveResult | None = None
     #: the least-peak schedule over the budget that any strategy reached: (peak, strategy)
     closest: tuple[int, str] | None = None
+    #: its schedule (a seed of the least-peak search)
+    attempts: list[Schedule] = []
 
     def left() -> float:
         return max(limit - (time.perf_counter() - start), 0.0)
@@ -126,6 +128,7 @@ def auto(
                     return
                 if peak > budget and (closest is None or peak < closest[0]):
                     closest = (peak, name)
+                    attempts[:] = [res.schedule]
             return
         try:
             sim = validate(graph, res.schedule, budget)
@@ -189,7 +192,7 @@ def auto(
         # retry at the minimum an InfeasibleBudgetError stated finds this same schedule)
         from solvers.strategies.least_peak import least_peak
 
-        low = least_peak(graph, time_limit=left())
+        low = least_peak(graph, time_limit=left(), seeds=attempts)
         found = SolveResult("least-peak", Status.FEASIBLE, budget, schedule=low.schedule)
         if low.peak <= budget:
             consider("least-peak", found)
