@@ -7,7 +7,7 @@ TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-second-run bench-overhead bench-budget bench-loop clean
+.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-second-run bench-overhead bench-budget bench-loop bench-ddp clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -72,6 +72,11 @@ bench-second-run: install
 # planning seconds per new shape, measured peak over budget (~4 min on 2 cores).
 bench-loop: install
 	$(BIN)/python -m benchmarks.loop $(BENCH_ARGS)
+
+# Two gloo ranks on CPU: step time and per-rank peak of checkmate against eager DDP (budget 0.5)
+# and eager FSDP2 (per-block plans, 0.75), written to benchmarks/results/ddp.md (~90 s).
+bench-ddp: install
+	$(BIN)/python -m benchmarks.ddp $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
