@@ -19,6 +19,7 @@ import json
 import os
 import socket
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ import torch
 pytestmark = [pytest.mark.torch, pytest.mark.skipif(sys.platform == "win32", reason="gloo on Linux/macOS")]
 
 WORLD = 2
+#: a collective waiting longer fails the test instead of hanging it (gloo's default: 30 min)
+TIMEOUT = timedelta(seconds=180)
 STEPS = 3
 #: per-rank step budget as a share of eager FSDP2's measured step peak, split evenly over the blocks
 SHARE = 0.75
@@ -41,7 +44,7 @@ def _free_port() -> int:
 
 def _worker(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CHECKMATE_CACHE="0")
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=TIMEOUT)
     torch.set_num_threads(1)
     try:
         Path(out, f"rank{rank}.json").write_text(json.dumps(_train(rank)))
@@ -178,7 +181,7 @@ def test_fsdp2_orders_that_cannot_be_planned_raise_and_name_the_supported_one(tm
 
 def _error_worker(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CHECKMATE_CACHE="0")
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=TIMEOUT)
     torch.set_num_threads(1)
     try:
         Path(out, f"errors{rank}.json").write_text(json.dumps(_wrong_orders()))
