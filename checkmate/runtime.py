@@ -30,7 +30,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from checkmate.cache import cached_solve
 from checkmate.codegen import SplitModules, generate
-from checkmate.distributed import ddp_reserve, plan_once
+from checkmate.distributed import ddp_reserve, fsdp_reserve, plan_once
 from checkmate.ops import is_mutation, is_random
 from checkmate.timing import ProfileWarning
 from checkmate.trace import JointGraph, build_graph, recompute_dropout_from_mask
@@ -371,7 +371,8 @@ class Planner:
         for a small graph."""
         graph = jg.graph
 
-        reserve = ddp_reserve()  # DDP's gradient buckets live beside the step
+        # DDP's gradient buckets, FSDP2's unsharded parameters: live beside the graph
+        reserve = ddp_reserve() + fsdp_reserve()
 
         def run(budget: object) -> SolveResult:
             if parse_budget(budget).least:  # the least peak: nothing to reserve from
