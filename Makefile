@@ -7,7 +7,7 @@ TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-second-run bench-overhead bench-budget bench-loop bench-scale clean
+.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-second-run bench-overhead bench-budget bench-loop bench-scale bench-ddp clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -76,6 +76,11 @@ bench-loop: install
 # checkmate solve -s checkpoint-all on a 400,000-node chain: plan written within 60 s and 2 GB RSS.
 bench-scale: install
 	$(BIN)/python -m benchmarks.scale $(BENCH_ARGS)
+
+# Two gloo ranks on CPU: step time and per-rank peak of checkmate against eager DDP (budget 0.5)
+# and eager FSDP2 (per-block plans, 0.75), written to benchmarks/results/ddp.md (~90 s).
+bench-ddp: install
+	$(BIN)/python -m benchmarks.ddp $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from checkmate.distributed import check_fsdp_order
 from checkmate.runtime import Planner, PlanRecord
 from solvers.budget import BudgetSpec, parse_budget
 from solvers.errors import CheckmateError, TraceError
@@ -138,6 +139,7 @@ def optimize(
     # fail at the door, not after tracing and profiling every graph
     spec = parse_budget(budget)
     check_options(strategy, options or {})
+    check_fsdp_order(model, optimizing=True)  # FSDP2: only optimize-then-shard, per block
     model, base = _original(model)
     planner = Planner(
         spec, strategy, profile=profile, time_limit=time_limit, options=dict(options or {}), plan_path=plan
@@ -205,6 +207,7 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     state: CheckmateState = self.__dict__[_STATE]
     if not (self.training and torch.is_grad_enabled()):
         return state.eager(*args, **kwargs)
+    check_fsdp_order(self)  # FSDP2: a sharded submodule would run outside the plan
     key = _signature(args, kwargs)
     if state.eager_keys.get(key, False):
         return state.eager(*args, **kwargs)

@@ -114,7 +114,9 @@ def solve(
     if not res.ok:
         why = str(res.status)
         if res.status == Status.NO_SOLUTION:
-            why = str(res.info.get("message") or "time limit reached without a schedule")
+            spent = time_limit is not None and res.solve_seconds >= 0.9 * time_limit
+            default = "time limit reached without a schedule" if spent else "no strategy tried found one"
+            why = str(res.info.get("message") or default)
         raise NoPlan(
             f"no plan: {res.strategy} found no schedule within the budget ({why}){closest_hint(res)}; "
             "nothing written"

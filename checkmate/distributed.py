@@ -11,11 +11,20 @@ DDP training does): the broadcast is a collective.
 DDP all-reduces gradients through buckets: a flat copy of the gradients that lives during
 the backward, outside the traced graph. :func:`ddp_reserve` is the bytes the planner must
 leave for it, from the parameters of the module DDP is running.
+
+FSDP2 (``torch.distributed.fsdp.fully_shard``) all-gathers a module's parameters before its
+forward and again before its backward, and reduce-scatters its gradients after it. Its hooks
+are ``torch._dynamo.disable``d (torch 2.13), so torch.compile cannot trace through a sharded
+submodule: a model optimized as a whole and sharded per block (in either order) would run
+its blocks outside every plan. The supported order is per block: ``optimize`` each block,
+then ``fully_shard`` each block and the root. :func:`check_fsdp_order` raises for the
+others, and :func:`fsdp_reserve` is what FSDP2 holds beside a block's graph.
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -23,13 +32,21 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from solvers.api import closest_hint
-from solvers.errors import CheckmateError, PlanError
+from solvers.errors import CheckmateError, PlanError, TraceError
 from solvers.graph import Graph
 from solvers.plan import graph_fingerprint, plan_from_dict, plan_to_dict
 from solvers.result import SolveResult, Status
 from solvers.schedule import Schedule, validate
 
-__all__ = ["rank_and_world", "active_ddp_module", "ddp_reserve", "plan_hash", "plan_once"]
+__all__ = [
+    "rank_and_world",
+    "active_ddp_module",
+    "ddp_reserve",
+    "fsdp_reserve",
+    "check_fsdp_order",
+    "plan_hash",
+    "plan_once",
+]
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -57,6 +74,86 @@ def ddp_reserve(module: torch.nn.Module | None = None) -> int:
     if ddp is None:
         return 0
     return sum(p.numel() * p.element_size() for p in ddp.parameters() if p.requires_grad)
+
+
+def _fsdp_module_class() -> type | None:
+    """``FSDPModule`` when FSDP2 was imported (nothing to check otherwise), else None."""
+    if "torch.distributed.fsdp" not in sys.modules:
+        return None
+    from torch.distributed.fsdp import FSDPModule
+
+    return FSDPModule
+
+
+_FSDP_ORDER = (
+    "optimize each block first, then shard: `model.blocks[i] = checkmate.optimize(block, "
+    "block_budget)`, `fully_shard(model.blocks[i])` for each block, then `fully_shard(model)`"
+)
+
+
+def check_fsdp_order(module: torch.nn.Module, *, optimizing: bool = False) -> None:
+    """Raise when ``module`` (an optimized module, or one given to ``optimize`` when
+    ``optimizing``) holds FSDP2-sharded modules that its plan cannot cover.
+
+    FSDP2's hooks are ``torch._dynamo.disable``d, so Dynamo stops at every sharded
+    submodule and runs the surrounding forward eagerly: the plans would cover the blocks'
+    forwards at the whole step's budget while the step runs unbounded (measured: 2.0x the
+    budget, nothing recomputed). A module sharded itself *after* ``optimize`` is fine: its
+    hooks run around the planned forward.
+
+    Raises:
+        TraceError: ``module`` was sharded before ``optimize``, or has sharded submodules.
+    """
+    fsdp = _fsdp_module_class()
+    if fsdp is None:
+        return
+    it = module.modules() if optimizing else (m for m in module.modules() if m is not module)
+    sharded = next((m for m in it if isinstance(m, fsdp)), None)
+    if sharded is None:
+        return
+    where = type(sharded).__name__ if sharded is not module else "the module itself"
+    if optimizing:
+        raise TraceError(
+            f"fully_shard was applied before checkmate.optimize ({where} is sharded): torch.compile "
+            f"cannot trace through FSDP2's hooks, so no plan would bound the step; {_FSDP_ORDER}"
+        )
+    raise TraceError(
+        f"fully_shard was applied to a submodule ({where}) of a module optimized as a whole: "
+        f"torch.compile cannot trace through FSDP2's hooks, so the step would run outside the plan; "
+        f"{_FSDP_ORDER}"
+    )
+
+
+def fsdp_reserve() -> int:
+    """Bytes FSDP2 holds beside the graph being planned, 0 outside a sharded forward.
+
+    Parameters are primals, outside every graph's memory, but FSDP2 allocates the unsharded
+    ones inside the step: the parameters of every sharded module whose forward is running
+    (the block being planned and its enclosing root, which keeps its own unsharded through
+    the step) count, and the innermost module's once more: during its backward FSDP2
+    prefetches the next block's all-gather, and after it copies the gradients into the
+    reduce-scatter input.
+    """
+    if _fsdp_module_class() is None:
+        return 0
+    from torch.distributed._composable_state import _module_state_mapping
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
+    running: dict[torch.nn.Module, int] = {}
+    for module, ref in list(_module_state_mapping.items()):
+        state = ref()
+        if state is None or getattr(state, "_training_state", None) != TrainingState.FORWARD:
+            continue
+        running[module] = sum(
+            fp._orig_size.numel() * (fp.param_dtype or fp.orig_dtype).itemsize
+            for group in getattr(state, "_fsdp_param_groups", ())
+            for fp in group.fsdp_params
+        )
+    if not running:
+        return 0
+    # the innermost: the running module with no running module below it
+    inner = [m for m in running if not any(o is not m and o in running for o in m.modules())]
+    return sum(running.values()) + max(running[m] for m in inner)
 
 
 def plan_hash(graph: Graph, schedule: Schedule) -> str:
@@ -109,9 +206,12 @@ def _plan_once(
     if kind == "error":
         name, text = payload
         raise CheckmateError(f"rank 0 could not plan this graph ({name}): {text}")
+    if kind == "none":
+        if rank == 0:
+            assert result is not None
+            return result  # the caller reports it (SolverError with the closest plan)
+        raise CheckmateError(f"rank 0 found no plan for this graph within its budget ({payload})")
     if rank != 0:
-        if kind == "none":
-            raise CheckmateError(f"rank 0 found no plan for this graph within its budget ({payload})")
         plan = plan_from_dict(payload, graph)  # PlanError when rank 0 traced another graph
         if budget_bytes < 0:  # the budget "min": rank 0's least peak
             budget_bytes = int(plan.doc["budget_bytes"])

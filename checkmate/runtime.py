@@ -26,7 +26,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 from checkmate.cache import cached_solve
 from checkmate.codegen import SplitModules, generate
-from checkmate.distributed import ddp_reserve, plan_once
+from checkmate.distributed import ddp_reserve, fsdp_reserve, plan_once
 from checkmate.families import family_target, larger_shape_budget, plan_ahead, reuse
 from checkmate.records import PlanRecord
 from checkmate.scratch import flush_scratch, scratch_bytes
@@ -209,7 +209,8 @@ class Planner:
     ) -> tuple[SolveResult, int | None]:
         """Solve ``graph`` (keep-all peak ``ref``) at ``target``; see :meth:`partition` for
         a fraction infeasible for a small graph."""
-        reserve = ddp_reserve()  # DDP's gradient buckets live beside the step
+        # DDP's gradient buckets, FSDP2's unsharded parameters: live beside the graph
+        reserve = ddp_reserve() + fsdp_reserve()
 
         def run(budget: Budget) -> SolveResult:
             if budget.least:  # the least peak: nothing to reserve from

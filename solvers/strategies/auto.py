@@ -5,14 +5,21 @@
    or fails; the cheapest one that fits is the incumbent. Checkpoint-all fitting the budget
    is optimal outright (every node runs once).
 2. Graphs the MILP takes (at most ``milp_max_nodes``): LP relaxation + two-phase rounding
-   (Jain et al., MLSys 2020) for half the time left: a lower bound on every schedule's cost
-   and usually a near-optimal schedule. Then the Checkmate MILP, warm-started from the
-   incumbent, for the rest, skipped when the incumbent already meets the LP bound. When
-   nothing fits yet, a third of that time first goes to the MILP without objective (its
-   first schedule within the budget warm-starts the MILP).
+   (Jain et al., MLSys 2020): a lower bound on every schedule's cost and often a better
+   schedule (two windows, see below, when an incumbent exists; half the time left when
+   none does). Then the Checkmate MILP, warm-started from the incumbent. When nothing fits
+   yet, a third of the time left first goes to the MILP without objective (its first
+   schedule within the budget warm-starts the MILP).
 3. Larger graphs: CP-SAT (Moccasin-style, when OR-Tools is installed) started from the
-   incumbent gets all the time left; the LP rarely finishes at that size. Without an
-   incumbent, LP rounding does.
+   incumbent; the LP rarely finishes at that size. Without an incumbent, LP rounding.
+4. Nothing fits: the least-peak search (:mod:`solvers.strategies.least_peak`), whose
+   schedule is the plan when it fits and otherwise names the budget that has one.
+
+More search stops paying at some point: the portfolio stops as soon as its best plan is
+within 1% of its lower bound, and the searches started from the incumbent (MILP, CP-SAT)
+run in windows of 15% of the time limit, another only while the last one improved the
+plan. On traced graphs of 300-400 ops the heuristics' plan usually stands, and ``auto``
+returns well before its time limit; a budget that keeps the search improving uses it all.
 
 Strategies that are not installed (optional dependencies) are skipped. The result names
 the strategy that produced the schedule (``info["chosen"]``) and every candidate's cost.
@@ -52,6 +59,14 @@ DEFAULT_TIME_LIMIT = 60.0
 HEURISTIC_SHARE = 0.3
 #: relative gap to the lower bound under which a schedule counts as optimal
 GAP_TOLERANCE = 1e-4
+#: a search started from the incumbent (MILP, CP-SAT) runs in windows of this share of the
+#: time limit (at least MIN_WINDOW seconds), another only while the last improved the plan
+#: by IMPROVEMENT: a search that finds nothing better in a window rarely does in the next
+WINDOW = 0.15
+MIN_WINDOW = 3.0
+IMPROVEMENT = 1e-3
+#: the option through which each windowed search takes the incumbent
+_START = {"ilp": "warm_start", "cpsat": "hint"}
 #: relative gap to the lower bound under which more search cannot pay: the portfolio stops
 #: and the MILP is told to stop there too (an hour's training at +1% compute costs less
 #: than the minute a user waits for the last percent, every new shape)
@@ -93,6 +108,8 @@ def auto(
     proven_infeasible: SolveResult | None = None
     #: the least-peak schedule over the budget that any strategy reached: (peak, strategy)
     closest: tuple[int, str] | None = None
+    #: its schedule (a seed of the least-peak search)
+    attempts: list[Schedule] = []
 
     def left() -> float:
         return max(limit - (time.perf_counter() - start), 0.0)
@@ -126,6 +143,7 @@ def auto(
                     return
                 if peak > budget and (closest is None or peak < closest[0]):
                     closest = (peak, name)
+                    attempts[:] = [res.schedule]
             return
         try:
             sim = validate(graph, res.schedule, budget)
@@ -151,6 +169,9 @@ def auto(
         consider(label, res)
         report(f"{label}: {candidates[label]}")
 
+    def window() -> float:
+        return max(MIN_WINDOW, WINDOW * limit)
+
     def done() -> bool:
         return best is not None and best_cost <= lower * (1 + GAP_STOP)
 
@@ -162,15 +183,29 @@ def auto(
         if done():
             break
     milp = graph.n <= milp_max_nodes
+
+    def improving(name: str, **opts: Any) -> None:
+        # a search started from the incumbent, in windows: another window only while the
+        # last one improved it (a search that found nothing better in a window rarely pays
+        # for the next; on traced graphs the heuristics' plan usually stands)
+        while not done() and left() > 1.0 and best is not None:
+            before = best_cost
+            assert best.schedule is not None
+            start_from: dict[str, Any] = {_START[name]: best.schedule}
+            run(name, time_limit=min(left(), window()), **opts, **start_from)
+            if best_cost > before * (1 - IMPROVEMENT):
+                return
+
     if not done() and left() > 0 and not milp and best is not None and _available("cpsat"):
         # above the MILP's size the LP rarely finishes (no bound, no better rounding on the
         # traced GPT-2/ResNet graphs and random_layered_n500 in make bench) while CP-SAT
-        # started from the incumbent improves it (up to 0.6%): it gets the time
-        assert best.schedule is not None
-        run("cpsat", time_limit=left(), hint=best.schedule)
+        # started from the incumbent improves it (up to 0.6%)
+        improving("cpsat")
     elif not done() and left() > 0:
-        # half the time when the MILP follows, else all of it
-        run("lp-rounding", time_limit=left() * 0.5 if milp else left(), progress=progress)
+        # with an incumbent, the LP's worth is its bound (and a rounding): two windows; without
+        # one, half the time when the MILP follows, else all of it
+        share = min(left(), 2 * window()) if best is not None else (left() * 0.5 if milp else left())
+        run("lp-rounding", time_limit=share, progress=progress)
     if proven_infeasible is not None and best is None:
         return _finish(proven_infeasible, candidates, lower, start, chosen=None)
     if best is None and milp and left() > 3.0:
@@ -179,17 +214,18 @@ def auto(
         run("ilp", label="ilp (feasibility)", time_limit=left() / 3, feasibility=True)
         if proven_infeasible is not None:  # the same model: no need to solve it again
             return _finish(proven_infeasible, candidates, lower, start, chosen=None)
-    if not done() and milp and left() > 1.0:
-        warm: Schedule | None = best.schedule if best is not None else None
-        run("ilp", time_limit=left(), warm_start=warm, progress=progress, mip_gap=GAP_STOP)
+    if milp and best is None and left() > 1.0:
+        run("ilp", time_limit=left(), progress=progress, mip_gap=GAP_STOP)
         if proven_infeasible is not None and best is None:
             return _finish(proven_infeasible, candidates, lower, start, chosen=None)
+    elif milp:
+        improving("ilp", progress=progress, mip_gap=GAP_STOP)
     if best is None:
         # last resort: the least peak any schedule reaches (memoized per graph, so that a
         # retry at the minimum an InfeasibleBudgetError stated finds this same schedule)
         from solvers.strategies.least_peak import least_peak
 
-        low = least_peak(graph, time_limit=left())
+        low = least_peak(graph, time_limit=left(), seeds=attempts)
         found = SolveResult("least-peak", Status.FEASIBLE, budget, schedule=low.schedule)
         if low.peak <= budget:
             consider("least-peak", found)

@@ -25,6 +25,7 @@ from solvers.formulation import (
     liveness_masks,
     problem_of,
     progress_hook,
+    too_large,
     warm_start_vector,
 )
 from solvers.graph import Graph
@@ -91,6 +92,8 @@ def ilp(
     """
     t0 = time.perf_counter()
     if (early := below_floor("ilp", graph, budget)) is not None:
+        return early
+    if (early := too_large("ilp", graph, budget, time_limit)) is not None:
         return early
     floor = memory_lower_bound(graph)
     if support not in ("full", "liveness"):

@@ -37,7 +37,7 @@ from solvers import highs
 from solvers.bounds import below_floor, memory_lower_bound
 from solvers.duals import lagrangian_bound, reduced_costs
 from solvers.errors import OptionError
-from solvers.formulation import MilpModel, formulate, liveness_masks, problem_of
+from solvers.formulation import MilpModel, formulate, liveness_masks, problem_of, too_large
 from solvers.graph import Graph
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
 from solvers.schedule import schedule_from_rs, simulate
@@ -164,6 +164,8 @@ def lp_rounding(
     t0 = time.perf_counter()
     if (early := below_floor("lp-rounding", graph, budget)) is not None:
         return early
+    if (early := too_large("lp-rounding", graph, budget, time_limit, builds=2)) is not None:
+        return early  # the full model and the liveness one
     deadline = None if time_limit is None else t0 + time_limit
     hard_deadline = None if time_limit is None else t0 + time_limit + rounding_grace(time_limit)
     full = formulate(graph, budget)

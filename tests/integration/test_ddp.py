@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ import torch
 pytestmark = [pytest.mark.torch, pytest.mark.skipif(sys.platform == "win32", reason="gloo on Linux/macOS")]
 
 WORLD = 2
+#: a collective waiting longer fails the test instead of hanging it (gloo's default: 30 min)
+TIMEOUT = timedelta(seconds=180)
 STEPS = 3
 #: per-rank budget as a share of eager DDP's measured step peak
 SHARE = {"transformer_dropout": 0.5, "cnn_batchnorm": 0.7}
@@ -45,7 +48,7 @@ def _model(kind: str) -> tuple[torch.nn.Module, torch.Tensor]:
 
 def _worker(rank: int, kind: str, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CHECKMATE_CACHE="0")
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=TIMEOUT)
     torch.set_num_threads(1)
     try:
         _train(rank, kind, out)
