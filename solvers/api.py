@@ -18,7 +18,7 @@ from solvers.graph import Graph
 from solvers.result import SolveResult, Status
 from solvers.schedule import keep_all_peak, simulate, validate
 from solvers.strategies import get_strategy
-from solvers.strategies.least_peak import known_least_peak, least_peak
+from solvers.strategies.least_peak import least_peak
 
 __all__ = ["solve", "resolve_budget", "memory_lower_bound", "closest_hint", "no_plan_error"]
 
@@ -111,7 +111,7 @@ def no_plan_error(
     # where a strategy already spent the time limit, only the heuristic search (about a
     # second) runs; below the cheap bound nothing ran, and the whole search gets the time
     searched = res.budget >= floor
-    found = known_least_peak(graph) or least_peak(graph, time_limit=time_limit, exact=not searched)
+    found = least_peak(graph, time_limit=time_limit, exact=not searched)  # memoized
     exact = bool(res.info.get("min_budget_exact")) and proven <= found.peak
     detail = (
         f"proven by {res.strategy}" if res.status == Status.INFEASIBLE else f"{res.strategy}: {res.status}"

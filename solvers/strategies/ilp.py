@@ -94,7 +94,12 @@ def ilp(
     if (early := below_floor("ilp", graph, budget)) is not None:
         return early
     if (early := too_large("ilp", graph, budget, time_limit)) is not None:
-        return early
+        kept = None if warm_start is None else simulate(graph, warm_start)
+        if kept is None or kept.peak > budget:
+            return dataclasses.replace(early, info={**early.info, "warm_start": False})
+        # no time to build the model: the incumbent given is the best schedule known
+        info = {**early.info, "warm_start": True}
+        return SolveResult("ilp", Status.FEASIBLE, budget, warm_start, kept.cost, kept.peak, info=info)
     floor = memory_lower_bound(graph)
     if support not in ("full", "liveness"):
         raise OptionError(f"support must be 'full' or 'liveness', not {support!r}")

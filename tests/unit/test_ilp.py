@@ -143,23 +143,24 @@ def test_diamond_needs_its_whole_width(diamond: Graph) -> None:
 
 def test_infeasible_budget_states_its_bound_and_a_budget_that_plans(diamond: Graph) -> None:
     # the MILP proves 7 (= the cheap bound) infeasible: the error's lower bound must be
-    # above the budget that failed, and its minimum the peak of a schedule actually found
-    # (the least-peak search proves 8 infeasible too, so 9 is exact), so that retrying at
-    # ``exc.minimum`` plans on the first try
+    # above the budget that failed, and its minimum the peak of a schedule actually found,
+    # so that retrying at ``exc.minimum`` plans on the first try
     budget = memory_lower_bound(diamond)
     assert budget == 7
     with pytest.raises(InfeasibleBudgetError) as info:
         solve(diamond, budget, "ilp", time_limit=LIMIT)
     exc = info.value
     assert exc.proven and exc.lower_bound is not None and exc.lower_bound > exc.budget == budget
-    assert exc.minimum == 9 and exc.exact and "the least budget any schedule needs is" in str(exc)
+    assert exc.lower_bound == 8 and exc.minimum == 9 and "the least peak found is" in str(exc)
     assert f"({budget:,} bytes)" in str(exc) and f"({exc.minimum:,} bytes)" in str(exc)
     res = solve(diamond, exc.minimum, "ilp", time_limit=LIMIT)
     assert res.ok and res.peak == 9
-    # below the cheap bound: proven by the bound itself
+    # below the cheap bound nothing else ran: the least-peak search gets the time, and its
+    # MILP phase proves 8 infeasible too, so 9 is the least budget, exactly
     with pytest.raises(InfeasibleBudgetError, match="largest single-op working set") as info:
         solve(diamond, 6, "ilp", time_limit=LIMIT)
-    assert info.value.lower_bound == 9 and info.value.minimum == 9
+    assert info.value.lower_bound == 9 and info.value.minimum == 9 and info.value.exact
+    assert "the least budget any schedule needs is" in str(info.value)
 
 
 def test_result_reports_build_and_model_size() -> None:
