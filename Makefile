@@ -7,7 +7,7 @@ TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-second-run bench-overhead bench-budget bench-loop bench-scale clean
+.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-second-run bench-overhead bench-budget bench-loop bench-scale bench-big clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -76,6 +76,11 @@ bench-loop: install
 # checkmate solve -s checkpoint-all on a 400,000-node chain: plan written within 60 s and 2 GB RSS.
 bench-scale: install
 	$(BIN)/python -m benchmarks.scale $(BENCH_ARGS)
+
+# Plan for a GPU you do not have: Llama-2-7B- and GPT-2-XL-shaped decoders traced with --fake
+# (no storage) and planned with the h100 profile at 80/60/40/30/20 GiB (~15 min on 2 cores).
+bench-big: install
+	nice $(BIN)/python -m benchmarks.big $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -56,7 +56,9 @@ def _child(name: str, layers: int | None, out: Path) -> None:
         model, _ = getattr(bm, name)()
         params = sum(p.numel() * p.element_size() for p in model.parameters())
         count = sum(p.numel() for p in model.parameters())
-    print(json.dumps({"trace_s": seconds, "param_bytes": params, "params": count, "torch": torch.__version__}))
+    print(
+        json.dumps({"trace_s": seconds, "param_bytes": params, "params": count, "torch": torch.__version__})
+    )
 
 
 def trace(name: str, layers: int | None, out: Path) -> dict[str, Any]:
@@ -86,7 +88,9 @@ def _children_rss() -> int:
 def per_layer_kept(graph: Graph) -> list[int]:
     """Forward values per-layer checkpointing keeps: everything outside the repeated layers,
     and of each layer the outputs read after it (its boundary); the rest is recomputed."""
-    reps = find_repeats(graph, cost_rtol=None, periods=12)  # the default 6 misses the forward layers of a Llama
+    reps = find_repeats(
+        graph, cost_rtol=None, periods=12
+    )  # the default 6 misses the forward layers of a Llama
     fwd_runs = [r for r in reps.runs if not r.backward]
     if not fwd_runs:
         raise SystemExit(f"{graph.name}: no repeated forward layers found")
@@ -101,7 +105,7 @@ def per_layer_kept(graph: Graph) -> list[int]:
         if graph.backward_mask[v]:
             continue
         blk = inside.get(v)
-        if blk is None or any(w >= blk[1] for w in succ[v]):
+        if blk is None or any(w >= blk[1] and not graph.backward_mask[w] for w in succ[v]):
             kept.append(v)
     return kept
 
@@ -111,7 +115,9 @@ def plan(graph: Graph, time_limit: float, budgets_gib: list[float]) -> list[dict
     base = graph.total_cost
     rows: list[dict[str, Any]] = []
 
-    def row(budget: str, method: str, cost: float | None, peak: int | None, seconds: float, bound: float | None) -> None:
+    def row(
+        budget: str, method: str, cost: float | None, peak: int | None, seconds: float, bound: float | None
+    ) -> None:
         rows.append(
             {
                 "budget": budget,
@@ -162,7 +168,9 @@ def _fmt(v: Any, spec: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    ap.add_argument("--layers", type=int, default=None, help="build this many layers instead of the full depth")
+    ap.add_argument(
+        "--layers", type=int, default=None, help="build this many layers instead of the full depth"
+    )
     ap.add_argument("--budgets", type=float, nargs="+", default=[80.0, 60.0, 40.0, 30.0, 20.0], help="GiB")
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--out", default="benchmarks/results/big.md")
@@ -182,13 +190,21 @@ def main() -> None:
         traced[name] = trace(name, args.layers, path)
         graph = load_graph(path)
         traced[name]["nodes"] = graph.n
-        print(f"{name}: traced {graph.n} nodes in {traced[name]['trace_s']:.1f} s, "
-              f"RSS {traced[name]['rss'] / 2**20:.0f} MiB", flush=True)
+        print(
+            f"{name}: traced {graph.n} nodes in {traced[name]['trace_s']:.1f} s, "
+            f"RSS {traced[name]['rss'] / 2**20:.0f} MiB",
+            flush=True,
+        )
         planned[name] = plan(graph, args.time_limit, args.budgets)
     write(Path(args.out), args, traced, planned)
 
 
-def write(out: Path, args: argparse.Namespace, traced: dict[str, dict[str, Any]], planned: dict[str, list[dict[str, Any]]]) -> None:
+def write(
+    out: Path,
+    args: argparse.Namespace,
+    traced: dict[str, dict[str, Any]],
+    planned: dict[str, list[dict[str, Any]]],
+) -> None:
     import benchmarks.big_models as bm
 
     lines = [
