@@ -66,23 +66,20 @@ def trace(name: str, layers: int | None, out: Path) -> dict[str, Any]:
     argv = [sys.executable, "-m", "benchmarks.big", "--child", name, "--graph", str(out)]
     if layers:
         argv += ["--layers", str(layers)]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    stdout, stderr = proc.communicate()
-    wall = time.perf_counter() - t0
-    _, status, usage = os.wait4(proc.pid, 0) if proc.returncode is None else (0, 0, None)
-    if proc.returncode != 0:
-        raise SystemExit(f"tracing {name} failed (exit {proc.returncode}): {stderr.strip()[-2000:]}")
+    with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=out_f, stderr=err_f, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS
+        wall = time.perf_counter() - t0
+        out_f.seek(0), err_f.seek(0)
+        stdout, stderr = out_f.read(), err_f.read()
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"tracing {name} failed (exit {code}): {stderr.strip()[-2000:]}")
     row = json.loads(stdout.strip().splitlines()[-1])
     row["wall_s"] = wall
-    row["rss"] = usage.ru_maxrss * 1024 if usage is not None else _children_rss()
+    row["rss"] = usage.ru_maxrss * 1024  # Linux: KiB
     return row
-
-
-def _children_rss() -> int:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # Linux: KiB
 
 
 def per_layer_kept(graph: Graph) -> list[int]:
