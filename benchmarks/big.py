@@ -213,7 +213,9 @@ def write(
         "step times are **predictions** (the h100 profile's roofline and the simulator), not "
         "measurements. Budgets cover what the plan controls (activations, temporaries, gradients); "
         "parameters and optimizer state come on top. Overhead: predicted step time over the step "
-        "without rematerialization, minus 1. cost / bound: over `auto`'s proven lower bound.",
+        "without rematerialization, minus 1. cost / bound: over `auto`'s proven lower bound "
+        "(on these graphs `auto` proves only the trivial one, every op once: the step without "
+        "rematerialization, so cost / bound = 1 + overhead is an upper bound on the gap).",
         "",
         "| model | batch | layers | params | nodes | trace (s) | child wall (s) | peak RSS (MiB) |",
         "|---|---|---|---|---|---|---|---|",
