@@ -7,7 +7,7 @@ TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-second-run bench-overhead bench-budget bench-loop bench-scale bench-ddp clean
+.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-second-run bench-overhead bench-budget bench-loop bench-scale bench-ddp bench-big clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -81,6 +81,11 @@ bench-scale: install
 # and eager FSDP2 (per-block plans, 0.75), written to benchmarks/results/ddp.md (~90 s).
 bench-ddp: install
 	$(BIN)/python -m benchmarks.ddp $(BENCH_ARGS)
+
+# Plan for a GPU you do not have: Llama-2-7B- and GPT-2-XL-shaped decoders traced with --fake
+# (no storage) and planned with the h100 profile at 80/60/40/30/20 GiB (~15 min on 2 cores).
+bench-big: install
+	nice $(BIN)/python -m benchmarks.big $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -333,24 +333,40 @@ def plot(plan: str, graph_path: str, output: str, debug: bool) -> None:
     help="Device profile (name in profiles/ or a JSON file) for the op costs; default: measure on --device.",
 )
 @click.option("--device", default="cpu", show_default=True, help="Where to run the model while tracing.")
+@click.option(
+    "--fake",
+    is_flag=True,
+    help="Trace on fake tensors (no storage: a model larger than this machine's memory traces); "
+    "needs --profile.",
+)
 @click.option("--output", "-o", required=True, help="Graph JSON to write.")
 @debug_option
 @handled
 def trace(
-    factory: str, shapes: tuple[str, ...], profile: str | None, device: str, output: str, debug: bool
+    factory: str,
+    shapes: tuple[str, ...],
+    profile: str | None,
+    device: str,
+    fake: bool,
+    output: str,
+    debug: bool,
 ) -> None:
     """Trace MODULE:FACTORY (a function returning a model, or (model, inputs)) into a graph.
 
     The graph is captured as checkmate.optimize captures it (torch.compile, AOTAutograd) and
     its op costs measured on --device or estimated from --profile. A model with graph breaks
     gives one file per graph: GRAPH.0.json, GRAPH.1.json, ...
+
+    With --fake the factory builds the model on fake tensors (shapes and dtypes, no data), so
+    a model too large for this machine traces; the graph, its memory and its profile costs
+    are those of the real trace. Example: checkmate trace models.py:llama7b --fake --profile h100 -o g.json
     """
     out = Path(output)
     check_writable(out)
     dims = [parse_shape(s) for s in shapes]
     from checkmate.cli_trace import trace_factory
 
-    graphs = trace_factory(factory, dims, profile, device)
+    graphs = trace_factory(factory, dims, profile, device, fake=fake)
     from solvers.io import save_graph
 
     paths = [out] if len(graphs) == 1 else [out.with_suffix(f".{k}{out.suffix}") for k in range(len(graphs))]

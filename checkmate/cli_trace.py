@@ -6,10 +6,19 @@ The joint forward+backward graphs are captured as ``checkmate.optimize`` capture
 functionalized joint graph and its number of forward outputs); each is modelled by
 :func:`checkmate.trace.build_graph` with op costs from
 :func:`checkmate.profile.profile_costs` (measured, or from a device profile).
+
+With ``fake=True`` the factory runs under a
+:class:`~torch._subclasses.fake_tensor.FakeTensorMode`: parameters and inputs are fake
+tensors (shape, dtype and device, no storage), so a model far larger than this machine's
+memory traces here. The capture is the same (Dynamo and AOTAutograd fakify every value
+anyway), so the joint graph, its output bytes and its profile costs are those of the real
+trace; only measuring ops (``profile=None``) needs real tensors, so a fake trace needs a
+device profile.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
@@ -107,6 +116,8 @@ def trace_factory(
     shapes: Sequence[tuple[int, ...]] = (),
     profile: str | None = None,
     device: str = "cpu",
+    *,
+    fake: bool = False,
 ) -> list[Graph]:
     """Build a model with its factory, trace one training step and profile its ops.
 
@@ -114,36 +125,34 @@ def trace_factory(
         spec: ``module:function``; the function returns a model, or ``(model, inputs...)``.
         shapes: shapes of random float inputs (override the factory's inputs).
         profile: a device profile name or JSON file; None measures every op on ``device``.
-        device: where the model runs while tracing and measuring.
+        device: where the model runs while tracing and measuring (with ``fake``, the device
+            the fake tensors claim to be on).
+        fake: run the factory and the trace on fake tensors (no storage is allocated: a
+            model larger than this machine's memory traces); needs ``profile``. A factory
+            should then build the model in its dtype (``torch.set_default_dtype``, or
+            ``dtype=`` for Hugging Face models) rather than convert it with ``.to(dtype)``,
+            which PyTorch cannot do to fake parameters inside the fake mode.
 
     Returns:
         One graph per captured joint graph (several when the model has graph breaks), each
-        with ``meta`` naming the factory, the input shapes and the profile.
+        with ``meta`` naming the factory, the input shapes, the profile and ``fake``.
 
     Raises:
-        CheckmateError: a bad factory or inputs; TraceError when tracing fails.
+        CheckmateError: a bad factory or inputs, or ``fake`` without a profile;
+            TraceError when tracing fails.
     """
-    made = load_factory(spec)()
-    model, inputs = (made[0], tuple(made[1:])) if isinstance(made, tuple) else (made, ())
-    if len(inputs) == 1 and isinstance(inputs[0], (tuple, list)):
-        inputs = tuple(inputs[0])
-    if not isinstance(model, torch.nn.Module):
-        raise CheckmateError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")
-    if shapes:
-        inputs = tuple(torch.randn(*s) for s in shapes)
-    if not inputs:
-        raise CheckmateError(
-            f"{spec} returned a model without example inputs; give --input-shape (e.g. 8,3,32,32)"
-        )
-    dev = torch.device(device)
-    model = model.to(dev)
-    inputs = tuple(x.to(dev) if isinstance(x, torch.Tensor) else x for x in inputs)
-
     from checkmate.profile import load_profile, profile_id
     from checkmate.trace import build_graph
 
+    if fake and profile is None:
+        raise CheckmateError(
+            "a fake trace cannot measure op times (its tensors have no data): "
+            "give a device profile (--profile h100, or a profile JSON file)"
+        )
     if profile is not None:
         load_profile(profile)  # an unknown profile fails before the (slower) trace
+    dev = torch.device(device)
+    model, inputs = _build(spec, shapes, dev, fake=fake)
     name = spec.rpartition(":")[2]
     captured = capture_joint(model, inputs)
     out = []
@@ -157,7 +166,69 @@ def trace_factory(
             "graphs": len(captured),
             "input_shapes": [list(x.shape) for x in inputs if isinstance(x, torch.Tensor)],
             "profile": profile_id(profile, dev),
+            "fake": fake,
             "torch": torch.__version__,
         }
         out.append(dataclasses.replace(jg.graph, meta=meta))
     return out
+
+
+def _build(
+    spec: str, shapes: Sequence[tuple[int, ...]], dev: torch.device, *, fake: bool
+) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """The factory's model and inputs on ``dev`` (fake tensors when ``fake``)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    factory = load_factory(spec)
+    # non-fake inputs allowed: Dynamo lifts constants it folds (a RoPE's position table) into
+    # the graph as real tensors, which the forward then combines with fake ones
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
+    # fake tensors are made on the device they claim: nothing is moved after
+    where = contextlib.ExitStack()
+    if mode is not None:
+        where.enter_context(mode)
+        where.enter_context(dev)
+    with where:
+        try:
+            made = factory()
+        except RuntimeError as exc:
+            if mode is not None and "swap" in str(exc):
+                raise CheckmateError(
+                    f"{spec} converts its model (.to(dtype) or .to(device)) while building it, "
+                    "which PyTorch cannot do to fake parameters: build it in its dtype instead "
+                    "(torch.set_default_dtype, or dtype= for Hugging Face models)"
+                ) from exc
+            raise
+        model, inputs = (made[0], tuple(made[1:])) if isinstance(made, tuple) else (made, ())
+        if len(inputs) == 1 and isinstance(inputs[0], (tuple, list)):
+            inputs = tuple(inputs[0])
+        if not isinstance(model, torch.nn.Module):
+            raise CheckmateError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")
+        if shapes:
+            inputs = tuple(torch.randn(*s) for s in shapes)
+        if not inputs:
+            raise CheckmateError(
+                f"{spec} returned a model without example inputs; give --input-shape (e.g. 8,3,32,32)"
+            )
+        if mode is not None:
+            # a tensor made before the fake mode (a module-level constant) is faked too
+            inputs = tuple(
+                mode.from_tensor(x) if isinstance(x, torch.Tensor) and not _is_fake(x) else x for x in inputs
+            )
+    if mode is None:
+        model = model.to(dev)
+        inputs = tuple(x.to(dev) if isinstance(x, torch.Tensor) else x for x in inputs)
+    else:
+        real = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if not _is_fake(t)]
+        if real:
+            raise CheckmateError(
+                f"{spec}: {len(real)} parameters or buffers of the model are real tensors under --fake "
+                f"(e.g. {real[0]!r}): build every tensor of the model inside the factory"
+            )
+    return model, inputs
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
