@@ -563,8 +563,11 @@ def test_zoo_matches_eager(name: str, fraction: float) -> None:
     l_eager2, _ = _step(eager, inputs_e, seed=2)
     assert torch.equal(l_opt2, l_eager2)
     # no new solve: a recompile (ViT's loss sets config.problem_type on its first call, a
-    # Dynamo guard) finds its plan in the plan cache
-    assert all(r.cache == "hit" for r in plans_of(opt)[len(records) :])
+    # Dynamo guard) reuses the plan of the same graph, or finds it in the plan cache
+    again = plans_of(opt)[len(records) :]
+    assert all(r.cache == "hit" or r.reused_from is not None for r in again), [
+        (r.cache, r.reused_from, r.summary()) for r in again
+    ]
     _assert_equal(_grads(opt, inputs_o), _grads(eager, inputs_e), "step 2 gradient")
     _assert_equal(list(opt.buffers()), list(eager.buffers()), "step 2 buffer")
 
