@@ -98,8 +98,8 @@ def ilp(
         if kept is None or kept.peak > budget:
             return dataclasses.replace(early, info={**early.info, "warm_start": False})
         # no time to build the model: the incumbent given is the best schedule known
-        info = {**early.info, "warm_start": True}
-        return SolveResult("ilp", Status.FEASIBLE, budget, warm_start, kept.cost, kept.peak, info=info)
+        kept_info = {**early.info, "warm_start": True}
+        return SolveResult("ilp", Status.FEASIBLE, budget, warm_start, kept.cost, kept.peak, info=kept_info)
     floor = memory_lower_bound(graph)
     if support not in ("full", "liveness"):
         raise OptionError(f"support must be 'full' or 'liveness', not {support!r}")
