@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +19,8 @@ from typing import Any
 
 import pytest
 import torch
+
+from tests.integration._dist import free_port, train_twins
 
 pytestmark = [pytest.mark.torch, pytest.mark.skipif(sys.platform == "win32", reason="gloo on Linux/macOS")]
 
@@ -29,12 +30,6 @@ TIMEOUT = timedelta(seconds=180)
 STEPS = 3
 #: per-rank budget as a share of eager DDP's measured step peak
 SHARE = {"transformer_dropout": 0.5, "cnn_batchnorm": 0.7}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _model(kind: str) -> tuple[torch.nn.Module, torch.Tensor]:
@@ -83,16 +78,7 @@ def _train(rank: int, kind: str, out: str) -> None:
     twin = DDP(copy.deepcopy(base))
     opt_model = checkmate.optimize(copy.deepcopy(base), budget, time_limit=5.0)
     planned = DDP(opt_model)
-    adam = {id(m): torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (twin, planned)}
-    peaks: list[int] = []
-    for k in range(STEPS):
-        for m in (twin, planned):
-            adam[id(m)].zero_grad(set_to_none=True)
-            if m is planned and k > 0:
-                peaks.append(measure_peak(lambda m=m, k=k: step(m, 10 * k + rank)))  # type: ignore[misc]
-            else:
-                step(m, 10 * k + rank)
-            adam[id(m)].step()
+    peaks = train_twins(twin, planned, step, STEPS, rank)
     diff = max(
         (p.detach() - q.detach()).abs().max().item()
         for p, q in zip(twin.module.parameters(), opt_model.parameters())
@@ -126,7 +112,7 @@ def _train(rank: int, kind: str, out: str) -> None:
 def test_ddp_around_an_optimized_model_trains_like_eager_ddp_within_the_budget(
     kind: str, tmp_path: Path
 ) -> None:
-    torch.multiprocessing.spawn(_worker, args=(kind, _free_port(), str(tmp_path)), nprocs=WORLD)
+    torch.multiprocessing.spawn(_worker, args=(kind, free_port(), str(tmp_path)), nprocs=WORLD)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     for r, doc in enumerate(ranks):
         assert doc["plans"] >= 1 and doc["recomputes"] > 0, f"rank {r}: nothing was recomputed"

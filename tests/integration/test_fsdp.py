@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -25,6 +24,8 @@ from typing import Any
 
 import pytest
 import torch
+
+from tests.integration._dist import free_port, train_twins
 
 pytestmark = [pytest.mark.torch, pytest.mark.skipif(sys.platform == "win32", reason="gloo on Linux/macOS")]
 
@@ -34,12 +35,6 @@ TIMEOUT = timedelta(seconds=180)
 STEPS = 3
 #: per-rank step budget as a share of eager FSDP2's measured step peak, split evenly over the blocks
 SHARE = 0.75
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _worker(rank: int, port: int, out: str) -> None:
@@ -99,16 +94,7 @@ def _train(rank: int) -> dict[str, Any]:
     for i in range(nblocks):  # the supported order: optimize each block, then shard
         blocks[i] = checkmate.optimize(blocks[i], budget // nblocks, time_limit=5.0)  # type: ignore[index]
     _shard(planned)
-    adam = {id(m): torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (twin, planned)}
-    peaks: list[int] = []
-    for k in range(STEPS):
-        for m in (twin, planned):
-            adam[id(m)].zero_grad(set_to_none=True)
-            if m is planned and k > 0:
-                peaks.append(measure_peak(lambda m=m, k=k: step(m, 10 * k + rank)))  # type: ignore[misc]
-            else:
-                step(m, 10 * k + rank)
-            adam[id(m)].step()
+    peaks = train_twins(twin, planned, step, STEPS, rank)
     diff = max(
         (p.full_tensor() - q.full_tensor()).abs().max().item()  # type: ignore[operator]
         for p, q in zip(twin.parameters(), planned.parameters())
@@ -153,7 +139,7 @@ def _wrong_orders() -> dict[str, str]:
 
 
 def test_fsdp2_per_block_plans_train_like_eager_fsdp2_within_the_budget(tmp_path: Path) -> None:
-    torch.multiprocessing.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD)
+    torch.multiprocessing.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     for r, doc in enumerate(ranks):
         assert len(doc["recomputes"]) == 2 and min(doc["recomputes"]) > 0, f"rank {r}: {doc['recomputes']}"
@@ -170,7 +156,7 @@ def test_fsdp2_per_block_plans_train_like_eager_fsdp2_within_the_budget(tmp_path
 
 
 def test_fsdp2_orders_that_cannot_be_planned_raise_and_name_the_supported_one(tmp_path: Path) -> None:
-    torch.multiprocessing.spawn(_error_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD)
+    torch.multiprocessing.spawn(_error_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD)
     for r in range(WORLD):
         got = json.loads((tmp_path / f"errors{r}.json").read_text())
         assert "applied to a submodule" in got["optimize_then_shard"], got
