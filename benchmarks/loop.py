@@ -11,8 +11,10 @@ second occurrence, after it was compiled) and the exceptions raised (should be n
 ``--ascending`` orders the shapes by size, each larger than every one before (the worst case
 for reusing a plan).
 
-Each shape is a Dynamo cache entry of the model's ``forward``: the default recompile limit
-(8) is raised for this script.
+Each shape is a Dynamo cache entry of the model's ``forward``, more than Dynamo's default
+recompile limit (8): ``checkmate.optimize`` gives its forward a limit of its own, so the
+script leaves Dynamo's configuration as a user's loop would. The lines are also written to
+``benchmarks/results/loop.md`` (``--out``).
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import os
+import platform
 import random
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -32,6 +37,8 @@ import checkmate
 from checkmate.api import _STATE, _signature
 from checkmate.memory import measure_peak
 from tests.integration import _models as M
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def _step(model: nn.Module, x: torch.Tensor) -> None:
@@ -106,12 +113,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", default="", help="comma-separated model names")
     ap.add_argument("--budgets", default="0.5,0.7,bytes")
     ap.add_argument("--ascending", action="store_true", help="shapes in increasing size")
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR / "loop.md")
     args = ap.parse_args(argv)
-    torch._dynamo.config.recompile_limit = 4 * args.shapes
     names = [m for m in args.only.split(",") if m] or list(MODELS)
+    lines = []
     for name in names:
         for b in args.budgets.split(","):
-            print(run(name, b, args.shapes, args.seed, args.time_limit, args.ascending), flush=True)
+            lines.append(run(name, b, args.shapes, args.seed, args.time_limit, args.ascending))
+            print(lines[-1], flush=True)
+    order = "ascending sizes" if args.ascending else "shuffled"
+    head = (
+        "# A training loop whose shapes change (`make bench-loop`)\n\n"
+        f"{platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}; {args.shapes} shapes per "
+        f"run ({order}), time_limit {args.time_limit:g} s; measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n"
+    )
+    args.out.write_text(head + "```\n" + "\n".join(lines) + "\n```\n")
 
 
 if __name__ == "__main__":
