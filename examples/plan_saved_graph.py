@@ -30,7 +30,10 @@ def main() -> None:
             try:
                 res = solve(g, budget, name, time_limit=args.time_limit)
             except InfeasibleBudgetError as exc:
-                print(f"{budget:>7} {name:<15} infeasible   (needs >= {exc.minimum:,} bytes)")
+                print(
+                    f"{budget:>7} {name:<15} infeasible   (needs >= {exc.lower_bound or 0:,} bytes; "
+                    f"a plan exists at {exc.minimum or 0:,})"
+                )
                 break
             over = f"{res.cost / g.total_cost:.4f}x" if res.ok and res.cost else "-"
             gap = f"{res.cost / res.lower_bound:.4f}" if res.ok and res.cost and res.lower_bound else "-"
