@@ -32,7 +32,7 @@ from solvers.errors import CheckmateError
 from solvers.graph import Graph
 from solvers.schedule import Schedule, schedule_from_order, simulate
 
-__all__ = ["LeastPeak", "least_peak", "known_least_peak"]
+__all__ = ["LeastPeak", "least_peak"]
 
 #: heuristics of the first bisection: deterministic, fast, and together the lowest peaks
 #: on traced graphs (peak-greedy on transformers, DTR on CNNs, gap-cover on DenseNets)
@@ -71,14 +71,10 @@ class LeastPeak:
         return self.lower_bound >= self.peak
 
 
+#: graph fingerprint -> its least peak, the oldest dropped past MEMO_SIZE entries (a process
+#: that plans many graphs holds only the recent ones' schedules)
 _MEMO: dict[str, LeastPeak] = {}
-
-
-def known_least_peak(graph: Graph) -> LeastPeak | None:
-    """The memoized least peak of ``graph``, if one was searched in this process."""
-    from solvers.plan import graph_fingerprint
-
-    return _MEMO.get(graph_fingerprint(graph))
+MEMO_SIZE = 64
 
 
 def least_peak(
@@ -133,7 +129,10 @@ def least_peak(
         best, lower = _bisect_exact(graph, best, lower, tolerance, left)
     sched, peak, cost, who = best
     found = LeastPeak(sched, peak, cost, min(lower, peak), who, exact_tried=want_exact)
+    _MEMO.pop(key, None)
     _MEMO[key] = found
+    while len(_MEMO) > MEMO_SIZE:
+        del _MEMO[next(iter(_MEMO))]
     return found
 
 

@@ -1,0 +1,60 @@
+"""The least-peak search: a schedule that reaches the peak it states, a proven bound below
+it, the exact answer where the MILP can prove it, and the same answer on a second call."""
+
+from __future__ import annotations
+
+import pytest
+
+from solvers import Graph
+from solvers.bounds import memory_lower_bound
+from solvers.schedule import keep_all_peak, validate
+from solvers.strategies import get_strategy
+from solvers.strategies.least_peak import least_peak
+from tests.graphs import chain, public_graph
+
+
+def _check(graph: Graph, time_limit: float, exact: bool = True) -> None:
+    found = least_peak(graph, time_limit=time_limit, exact=exact)
+    sim = validate(graph, found.schedule, found.peak)  # the schedule reaches the stated peak
+    assert sim.peak == found.peak and sim.cost == pytest.approx(found.cost)
+    assert memory_lower_bound(graph) <= found.lower_bound <= found.peak <= keep_all_peak(graph)
+
+
+def test_the_diamond_needs_its_whole_width(diamond: Graph) -> None:
+    # a(4) -> b(2), c(3) -> d(1): whatever is recomputed, 9 bytes are live at once; the cheap
+    # bound is 7, and the MILP phase proves 7 and 8 infeasible
+    found = least_peak(diamond, time_limit=30)
+    assert found.peak == 9 and found.lower_bound == 9 and found.proven_minimal
+    validate(diamond, found.schedule, 9)
+
+
+def test_a_training_chain_goes_well_below_keep_all() -> None:
+    g = chain(24, training=True)
+    found = least_peak(g, time_limit=30, exact=False)
+    _check(g, 30, exact=False)
+    # a 24-layer chain fits in about sqrt(n) checkpoints: far below keeping all 24
+    assert found.peak <= 0.5 * keep_all_peak(g)
+    # no heuristic plans below it at a budget just under it (the search found their least)
+    below = found.peak - 1
+    for name in ("peak-greedy", "dtr", "gap-cover"):
+        res = get_strategy(name)(g, below)
+        assert not res.ok, name
+
+
+def test_a_second_call_returns_the_same_schedule() -> None:
+    g = public_graph("VGG16_b256_224x224.json")
+    first = least_peak(g, time_limit=10, exact=False)
+    again = least_peak(g, time_limit=0.0, exact=False)  # memoized: no time needed
+    assert again is first
+    _check(g, 10, exact=False)
+
+
+def test_a_lower_seed_is_kept() -> None:
+    g = chain(16, training=True)
+    found = least_peak(g, time_limit=10, exact=False)
+    seeded = least_peak(g, time_limit=0.0, exact=False, seeds=[found.schedule])
+    assert seeded.peak == found.peak  # a seed no lower changes nothing
+    # a seed that peaks higher than the best is ignored
+    keep_all = get_strategy("checkpoint-all")(g, keep_all_peak(g)).schedule
+    assert keep_all is not None
+    assert least_peak(g, time_limit=0.0, exact=False, seeds=[keep_all]).peak == found.peak
