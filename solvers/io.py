@@ -24,10 +24,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from solvers.errors import GraphError
+from solvers.errors import CheckmateError, GraphError
 from solvers.graph import Graph
 
-__all__ = ["load_graph", "save_graph", "graph_from_dict", "graph_to_dict"]
+__all__ = ["load_graph", "save_graph", "graph_from_dict", "graph_to_dict", "read_json"]
 
 GRAPH_FORMAT = "checkmate-graph"
 GRAPH_VERSION = 1
@@ -40,26 +40,35 @@ def load_graph(path: str | os.PathLike[str]) -> Graph:
         GraphError: the file is missing, not JSON, or not a valid graph.
     """
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise GraphError(f"{p}: no such file") from None
-    except OSError as exc:
-        raise GraphError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    try:
-        doc = json.loads(data)
-    except json.JSONDecodeError as exc:
-        raise GraphError(f"{p}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except UnicodeDecodeError as exc:
-        raise GraphError(f"{p}: not JSON text (byte {exc.start} is not valid {exc.encoding})") from None
-    except RecursionError:
-        raise GraphError(f"{p}: JSON nested too deeply to be a graph") from None
-    except ValueError as exc:  # e.g. an integer of more than 4300 digits
-        raise GraphError(f"{p}: unreadable JSON: {exc}") from None
+    doc = read_json(p, GraphError, "graph")
     try:
         return graph_from_dict(doc, default_name=p.stem)
     except GraphError as exc:
         raise GraphError(f"{p}: {exc}") from None
+
+
+def read_json(path: Path, error: type[CheckmateError], what: str) -> Any:
+    """The JSON document in ``path``; every way reading it fails (missing, unreadable, not
+    UTF-8, malformed or truncated, nested too deeply, a number too long) as ``error`` with
+    one line naming the file and the cause (``what`` names the kind of file)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{path}: no such file (a {what} was expected)") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise error(
+            f"{path}: malformed JSON at line {exc.lineno} column {exc.colno} (truncated or hand-edited?): {exc.msg}"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not JSON text (byte {exc.start} is not valid {exc.encoding})") from None
+    except RecursionError:
+        raise error(f"{path}: JSON nested too deeply to be a {what}") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise error(f"{path}: unreadable JSON: {exc}") from None
 
 
 def save_graph(graph: Graph, path: str | os.PathLike[str]) -> None:

@@ -34,22 +34,10 @@ def document_checksum(doc: Mapping[str, Any]) -> str:
 
 
 def load_json(p: Path) -> Any:
-    try:
-        return json.loads(p.read_bytes())
-    except FileNotFoundError:
-        raise PlanError(f"{p}: no such plan file") from None
-    except OSError as exc:
-        raise PlanError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    except json.JSONDecodeError as exc:
-        raise PlanError(
-            f"{p}: not valid JSON (truncated or hand-edited?): {exc.msg} at line {exc.lineno}"
-        ) from None
-    except UnicodeDecodeError as exc:
-        raise PlanError(f"{p}: not JSON text (byte {exc.start} is not valid {exc.encoding})") from None
-    except RecursionError:
-        raise PlanError(f"{p}: JSON nested too deeply to be a plan") from None
-    except ValueError as exc:  # e.g. an integer of more than 4300 digits
-        raise PlanError(f"{p}: unreadable JSON: {exc}") from None
+    """The JSON of a plan file (:func:`solvers.io.read_json`; failures as PlanError)."""
+    from solvers.io import read_json
+
+    return read_json(p, PlanError, "plan")
 
 
 #: The type of every field a reader uses: (kind, may be null). Kinds: "str", "bytes" (an

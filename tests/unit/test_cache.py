@@ -236,7 +236,7 @@ def test_rejected_entry_of_a_plan_set_is_left_as_it_is(spoil: str, tmp_path: Pat
     entry = doc["plans"][0]
     if spoil == "truncated":
         pinned.write_text(pinned.read_text()[:-50])
-        match = "not valid JSON"
+        match = "malformed JSON"
     else:
         entry["schedule"] = [s for s in entry["schedule"] if s != ["compute", 3]]
         if spoil == "fails the replay":
