@@ -84,8 +84,9 @@ def optimize(
 
     Args:
         model: the module to optimize (left unchanged; the result shares its parameters).
-        budget: bytes (``int``, ``"12GB"``) or a fraction of each graph's simulated peak
-            without rematerialization (``0.5``, ``"50%"``); applied to every captured graph.
+        budget: bytes (``int``, ``"12GB"``), a fraction of each graph's simulated peak
+            without rematerialization (``0.5``, ``"50%"``), or ``"min"`` (the least peak a
+            schedule found within the time limit reaches); applied to every captured graph.
             It is parsed here, before anything is traced (see :func:`solvers.parse_budget`).
             A byte budget holds for every input shape. A fraction is of the graph's
             keep-all peak at the shape being compiled (the compiled step keeping every
@@ -128,9 +129,12 @@ def optimize(
             any tracing; the message lists its options).
         CheckmateError: ``strategy`` is not a registered name (before any tracing; the
             message lists them).
-        InfeasibleBudgetError: the budget is below what any plan needs (with the minimum).
+        InfeasibleBudgetError: no plan was found within the budget: ``exc.lower_bound`` is
+            what every schedule needs (proven), ``exc.minimum`` the peak of a schedule
+            found (``optimize(model, exc.minimum)`` plans on the first try).
         TraceError: the model could not be traced (names the construct).
-        SolverError: the strategy found no plan within the budget and time limit.
+        CheckmateError: a step would run unplanned (Dynamo's recompile limit for this
+            module, an FSDP2 order that cannot be planned).
 
     Example:
         >>> model = checkmate.optimize(model, 0.5)  # doctest: +SKIP
@@ -219,7 +223,7 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         # eager PyTorch can hold more than the compiled step keeping every value (autograd
         # keeps what the compiled backward frees early): under a byte budget the compiled
         # keep-all step is what was checked against the budget, so it runs
-        by_bytes = parse_budget(state.planner.budget).nbytes is not None
+        by_bytes = state.planner.budget.nbytes is not None
         state.eager_keys[key] = bool(fresh) and all(r.is_eager for r in fresh) and not by_bytes
     if not state.planner.records and not state.warned_unplanned and _needs_grad(out):
         state.warned_unplanned = True
