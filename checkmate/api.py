@@ -211,9 +211,10 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     state: CheckmateState = self.__dict__[_STATE]
     if not (self.training and torch.is_grad_enabled()):
         return state.eager(*args, **kwargs)
-    check_fsdp_order(self)  # FSDP2: a sharded submodule would run outside the plan
     key = _signature(args, kwargs)
-    if state.eager_keys.get(key, False):
+    if key not in state.eager_keys:  # a new input signature (not every step: a module walk)
+        check_fsdp_order(self)  # FSDP2: a sharded submodule would run outside the plan
+    elif state.eager_keys[key]:
         return state.eager(*args, **kwargs)
     before = len(state.planner.records)
     state.planner.begin_step(key)

@@ -185,7 +185,7 @@ def cached_solve(
             path = pinned
 
     if path is not None and path != pinned and path.exists():
-        hit = _load(path, graph, budget_bytes, key, parts, time_limit, pinned=False)
+        hit = _load(path, graph, budget_bytes, key, parts, time_limit)
         if hit is not None:
             return hit
 
@@ -281,14 +281,12 @@ def _load(
     key: str,
     parts: Mapping[str, Any],
     time_limit: float | None,
-    *,
-    pinned: bool,
 ) -> SolveResult | None:
     """The cached result stored in ``path`` if it is sound for these inputs; else warn and None."""
     try:
         plan = read_plan(path, graph)
         doc = plan.doc
-        if not pinned and (doc.get("cache_key") is None or "checksum" not in doc):
+        if doc.get("cache_key") is None or "checksum" not in doc:
             raise PlanError(f"{path}: plan lacks its cache key or checksum (written by hand?)")
         res = _hit(path, plan, graph, budget_bytes, key, parts)
     except (CheckmateError, ValueError, KeyError, TypeError) as exc:

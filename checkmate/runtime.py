@@ -18,6 +18,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -279,11 +280,12 @@ def _cache_status(res: SolveResult, plan_path: str | None) -> str:
     from checkmate.cache import cache_enabled
 
     hit = res.info.get("cache") == "hit"
-    if plan_path is not None:
-        return "pinned" if hit else "miss"
+    came_from = res.info.get("plan_path")
+    if plan_path is not None and hit and came_from is not None and Path(came_from) == Path(plan_path):
+        return "pinned"  # not when the user's file was rejected and the cache had the plan
     if hit:
         return "hit"
-    return "miss" if cache_enabled() else "disabled"
+    return "miss" if cache_enabled() or plan_path is not None else "disabled"
 
 
 def _device_of(gm: fx.GraphModule) -> torch.device:

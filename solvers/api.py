@@ -27,8 +27,13 @@ def resolve_budget(graph: Graph, budget: BudgetSpec) -> tuple[int, int]:
     """``(budget_bytes, keep_all_peak)`` for a budget spec (see :func:`parse_budget`); the
     keep-all peak is simulated only when the budget does not carry it (``Budget.reference``)."""
     b: Budget = parse_budget(budget)
-    ref = b.reference if b.reference is not None else keep_all_peak(graph)
+    ref = _reference(graph, b)
     return b.resolve(ref), ref
+
+
+def _reference(graph: Graph, b: Budget) -> int:
+    """The keep-all peak fractions refer to: carried by the budget, else simulated."""
+    return b.reference if b.reference is not None else keep_all_peak(graph)
 
 
 def solve(
@@ -64,7 +69,7 @@ def solve(
         <Status.OPTIMAL: 'optimal'>
     """
     b = parse_budget(budget)
-    ref = b.reference if b.reference is not None else keep_all_peak(graph)  # carried: not again
+    ref = _reference(graph, b)
     floor = memory_lower_bound(graph)
     if b.least:  # plan at the least peak found (half the time), then at it (the rest)
         started = time.perf_counter()
@@ -112,7 +117,6 @@ def no_plan_error(
     # second) runs; below the cheap bound nothing ran, and the whole search gets the time
     searched = res.budget >= floor
     found = least_peak(graph, time_limit=time_limit, exact=not searched)  # memoized
-    exact = bool(res.info.get("min_budget_exact")) and proven <= found.peak
     detail = (
         f"proven by {res.strategy}" if res.status == Status.INFEASIBLE else f"{res.strategy}: {res.status}"
     )
@@ -123,8 +127,7 @@ def no_plan_error(
         found.peak,
         lower_bound=max(proven, found.lower_bound),
         reference=res.info.get("reference") or keep_all_peak(graph),
-        exact=exact,
-        detail=detail,
+        detail=detail,  # exact where the proven bound meets the peak found (the error sees both)
     )
 
 

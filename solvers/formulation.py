@@ -223,16 +223,23 @@ def useful_masks(graph: Graph) -> tuple[BoolMatrix, BoolMatrix]:
     """
     n = graph.n
     rc = graph.recomputable_mask
-    e = graph.edge_array
-    rc_succ = np.zeros(n, dtype=bool)
-    if len(e):
-        np.logical_or.at(rc_succ, e[:, 0], rc[e[:, 1]])
-    max_useful = np.where(rc_succ, n - 1, graph.last_use).astype(np.int64)
+    max_useful = _max_useful(graph)
     t_col = np.arange(n)[:, None]
     i_row = np.arange(n)[None, :]
     s_mask = (i_row < t_col) & (t_col <= max_useful[None, :])
     r_mask = (i_row == t_col) | (s_mask & rc[None, :])
     return r_mask, s_mask
+
+
+def _max_useful(graph: Graph) -> IntArray:
+    """Per value, the last stage that can read it: ``n-1`` if a consumer is recomputable,
+    else its last consumer."""
+    rc = graph.recomputable_mask
+    e = graph.edge_array
+    rc_succ = np.zeros(graph.n, dtype=bool)
+    if len(e):
+        np.logical_or.at(rc_succ, e[:, 0], rc[e[:, 1]])
+    return np.where(rc_succ, graph.n - 1, graph.last_use).astype(np.int64)
 
 
 #: seconds to build the model per possibly-nonzero R or S entry (:func:`useful_masks`),
@@ -245,8 +252,11 @@ def build_seconds(graph: Graph) -> float:
     """A quick estimate of the seconds :func:`formulate` takes on ``graph`` (it grows with
     n^2): strategies with a time limit skip a model they cannot build within it instead of
     overrunning it (the build cannot be interrupted)."""
-    r_mask, s_mask = useful_masks(graph)
-    return float(r_mask.sum() + s_mask.sum()) * BUILD_SECONDS_PER_ENTRY
+    # the entries of useful_masks, counted in O(n): S[t,i] for i < t <= max_useful[i], and
+    # R's diagonal plus S's entries of the recomputable columns
+    s_count = np.maximum(_max_useful(graph) - np.arange(graph.n), 0)
+    entries = graph.n + int(s_count.sum()) + int(s_count[graph.recomputable_mask].sum())
+    return float(entries) * BUILD_SECONDS_PER_ENTRY
 
 
 def too_large(

@@ -31,3 +31,12 @@ def diamond() -> Graph:
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Never touch the user's cache directory from tests."""
     monkeypatch.setenv("CHECKMATE_CACHE_DIR", str(tmp_path_factory.mktemp("checkmate-cache")))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_least_peak_memo() -> None:
+    """Each test starts without least-peak results memoized by earlier ones (what a test
+    asserts about a search must not depend on which tests ran before it)."""
+    from solvers.strategies import least_peak
+
+    least_peak._MEMO.clear()

@@ -106,10 +106,9 @@ def auto(
     best_cost = float("inf")
     lower = graph.total_cost  # every node runs at least once
     proven_infeasible: SolveResult | None = None
-    #: the least-peak schedule over the budget that any strategy reached: (peak, strategy)
-    closest: tuple[int, str] | None = None
-    #: its schedule (a seed of the least-peak search)
-    attempts: list[Schedule] = []
+    #: the least-peak schedule over the budget that any strategy reached: (peak, strategy,
+    #: schedule; a seed of the least-peak search)
+    closest: tuple[int, str, Schedule] | None = None
 
     def left() -> float:
         return max(limit - (time.perf_counter() - start), 0.0)
@@ -142,8 +141,7 @@ def auto(
                 except CheckmateError:
                     return
                 if peak > budget and (closest is None or peak < closest[0]):
-                    closest = (peak, name)
-                    attempts[:] = [res.schedule]
+                    closest = (peak, name, res.schedule)
             return
         try:
             sim = validate(graph, res.schedule, budget)
@@ -225,14 +223,13 @@ def auto(
         # retry at the minimum an InfeasibleBudgetError stated finds this same schedule)
         from solvers.strategies.least_peak import least_peak
 
-        low = least_peak(graph, time_limit=left(), seeds=attempts)
-        found = SolveResult("least-peak", Status.FEASIBLE, budget, schedule=low.schedule)
+        low = least_peak(graph, time_limit=left(), seeds=[] if closest is None else [closest[2]])
         if low.peak <= budget:
-            consider("least-peak", found)
+            consider("least-peak", SolveResult("least-peak", Status.FEASIBLE, budget, schedule=low.schedule))
         else:
             candidates["least-peak"] = f"least peak found {low.peak:,} bytes ({low.strategy})"
             if closest is None or low.peak < closest[0]:
-                closest = (low.peak, "least-peak")
+                closest = (low.peak, "least-peak", low.schedule)
     if best is None:
         return SolveResult(
             "auto",

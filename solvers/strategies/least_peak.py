@@ -107,8 +107,8 @@ def least_peak(
 
     key = graph_fingerprint(graph)
     memo = _MEMO.get(key)
-    seeded = _lowest(graph, seeds)
-    if memo is not None and seeded is not None and (seeded[1], seeded[2]) < (memo.peak, memo.cost):
+    seeded = _lowest(graph, [(sched, "seed") for sched in seeds])
+    if memo is not None and seeded is not None and _order(seeded) < (memo.peak, memo.cost):
         memo = _MEMO[key] = dataclasses.replace(
             memo, schedule=seeded[0], peak=seeded[1], cost=seeded[2], strategy=seeded[3]
         )
@@ -122,7 +122,7 @@ def least_peak(
         return max(limit - (time.perf_counter() - start), 0.0)
 
     if memo is None:
-        best, lower = _bisect_heuristics(graph, tolerance, left, seeded)
+        best, lower = _bisect_heuristics(graph, tolerance, left, seeds)
     else:
         best, lower = (memo.schedule, memo.peak, memo.cost, memo.strategy), memo.lower_bound
     if want_exact:
@@ -140,51 +140,52 @@ def least_peak(
 _Found = tuple[Schedule, int, float, str]
 
 
-def _lowest(graph: Graph, seeds: Sequence[Schedule]) -> _Found | None:
-    """The seed with the least simulated peak (then cost), if any replays."""
+def _order(found: _Found) -> tuple[int, float]:
+    """What "lower" means for a schedule found: its peak, then its cost."""
+    return found[1], found[2]
+
+
+def _lowest(graph: Graph, schedules: Sequence[tuple[Schedule, str]]) -> _Found | None:
+    """The schedule with the least simulated peak (then cost), of those that replay."""
     best: _Found | None = None
-    for sched in seeds:
+    for sched, who in schedules:
         try:
             got = simulate(graph, sched)
         except CheckmateError:
             continue
-        if best is None or (got.peak, got.cost) < (best[1], best[2]):
-            best = (sched, got.peak, got.cost, "seed")
+        if best is None or (got.peak, got.cost) < _order(best):
+            best = (sched, got.peak, got.cost, who)
     return best
 
 
 def _bisect_heuristics(
-    graph: Graph, tolerance: float, left: Callable[[], float], seeded: _Found | None
+    graph: Graph, tolerance: float, left: Callable[[], float], seeds: Sequence[Schedule]
 ) -> tuple[_Found, int]:
-    """The heuristic bisection: the least-peak schedule found and the cheap bound. Each
-    heuristic gets at most a quarter of the time left (on hundreds of ops they take
-    milliseconds and the time never binds; on thousands it stops the search with the best
-    peak so far)."""
+    """The heuristic bisection, started from the lowest of keep-all and the seeds: the
+    least-peak schedule found and the cheap bound. Each heuristic gets at most a quarter of
+    the time left (on hundreds of ops they take milliseconds and the time never binds; on
+    thousands it stops the search with the best peak so far)."""
     from solvers.strategies import get_strategy
 
     keep_all = schedule_from_order(graph, range(graph.n))
-    sim = simulate(graph, keep_all)
-    best: _Found = (keep_all, sim.peak, sim.cost, "checkpoint-all")
-    if seeded is not None and (seeded[1], seeded[2]) < (best[1], best[2]):
-        best = seeded
+    best = _lowest(graph, [(keep_all, "checkpoint-all"), *((sched, "seed") for sched in seeds)])
+    assert best is not None  # keep-all always replays
     lower = memory_lower_bound(graph)
     lo = lower - 1  # the heuristics' failures prove nothing: lo only steers the bisection
     while best[1] - lo > max(1, int(tolerance * best[1])) and left() > 0:
         mid = (lo + best[1]) // 2
-        found = None
+        attempts: list[tuple[Schedule, str]] = []
         for name in HEURISTICS:
             try:
                 res = get_strategy(name)(graph, mid, time_limit=left() / 4)
             except CheckmateError:
                 continue
-            if res.schedule is None:
-                continue
             # an attempt over ``mid`` (peak-greedy returns its least-peak one) is still a
             # schedule: it may peak below the best so far
-            got = simulate(graph, res.schedule)
-            if found is None or (got.peak, got.cost) < (found[1], found[2]):
-                found = (res.schedule, got.peak, got.cost, name)
-        if found is not None and (found[1], found[2]) < (best[1], best[2]):
+            if res.schedule is not None:
+                attempts.append((res.schedule, name))
+        found = _lowest(graph, attempts)
+        if found is not None and _order(found) < _order(best):
             best = found
         if found is None or found[1] > mid:
             lo = mid

@@ -151,3 +151,19 @@ def test_poet_plan_pages_saved_values_and_keeps_eager_gradients(monkeypatch: pyt
             assert p.grad is not None
             torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-6)
     assert not any(opt.__dict__["_checkmate_state"].eager_keys.values())
+
+
+def test_cache_status_says_pinned_only_for_a_plan_from_the_users_file(tmp_path: Path) -> None:
+    from checkmate.runtime import _cache_status
+    from solvers.result import SolveResult, Status
+
+    mine = tmp_path / "p.json"
+
+    def res(cache: str, where: Path | None) -> SolveResult:
+        info = {"cache": cache} | ({} if where is None else {"plan_path": str(where)})
+        return SolveResult("auto", Status.FEASIBLE, 1, info=info)
+
+    assert _cache_status(res("hit", mine), f"{tmp_path}/./p.json") == "pinned"
+    # the user's file was rejected and the plan cache had the plan
+    assert _cache_status(res("hit", tmp_path / "cache" / "k.json"), str(mine)) == "hit"
+    assert _cache_status(res("miss", mine), str(mine)) == "miss"

@@ -118,3 +118,14 @@ def test_isolated_lp_keeps_a_tiny_time_limit() -> None:
     else:
         assert res.status == Status.NO_SOLUTION and res.model_status == "kTimeLimit"
         assert res.x is None and res.row_dual is None and res.bound is None
+
+
+def test_the_build_estimate_counts_the_entries_of_the_useful_masks() -> None:
+    # counted in O(n) (no n x n masks: a 20k-node graph would allocate 800 MB to decide
+    # whether to skip its model), equal to what useful_masks would give
+    from solvers.formulation import BUILD_SECONDS_PER_ENTRY, build_seconds, useful_masks
+
+    for name in ("VGG16_b256_224x224.json", "MobileNet_b512_224x224.json", "random_layered_n100.json"):
+        g = public_graph(name)
+        r_mask, s_mask = useful_masks(g)
+        assert round(build_seconds(g) / BUILD_SECONDS_PER_ENTRY) == int(r_mask.sum() + s_mask.sum()), name
