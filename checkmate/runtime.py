@@ -7,10 +7,20 @@ partition function. Ours is the whole pipeline for one graph, one call a line:
     joint fx graph -> solvers.Graph (trace) -> per-op costs (profile) -> plan (cache / solve)
     -> forward and backward GraphModules (codegen)
 
-The compilers then run those modules as they are (boxed, no inductor): the step executes
-exactly the plan's ops in the plan's order. AOTAutograd's runtime wraps them in an
-autograd.Function, so ``loss.backward()``, optimizers and gradient accumulation work as
-usual, and it copies mutated buffers (BatchNorm running statistics) back once per step.
+Two compilers run those modules (``Planner.compiler``):
+
+- ``"aot"``: as they are (boxed fx modules, one aten op at a time): the step executes exactly
+  the plan's ops in the plan's order.
+- ``"inductor"``: Inductor compiles them (C++ on CPU, Triton on CUDA). The planner is then
+  Inductor's partitioner (``torch._inductor.config.custom_partitioner_fn``): it receives the
+  joint graph after Inductor's joint-graph passes, and Inductor fuses, reorders within its
+  dependencies and reuses buffers in the two halves it returns. Costs are then those of the
+  compiled step (:mod:`checkmate.fusion`): an op Inductor fuses into its consumer costs the
+  memory it moves, not a kernel.
+
+Either way AOTAutograd's runtime wraps the two halves in an autograd.Function, so
+``loss.backward()``, optimizers and gradient accumulation work as usual, and it copies
+mutated buffers (BatchNorm running statistics) back once per step.
 """
 
 from __future__ import annotations
@@ -41,7 +51,11 @@ from solvers.resize import structure
 from solvers.result import SolveResult
 from solvers.schedule import PAGEIN, PAGEOUT, keep_all_peak
 
-__all__ = ["BudgetWarning", "PlanRecord", "Planner"]
+__all__ = ["COMPILERS", "BudgetWarning", "PlanRecord", "Planner"]
+
+#: what compiles the planned forward and backward: ``"aot"`` runs them as fx modules,
+#: ``"inductor"`` compiles them with Inductor (see the module docstring)
+COMPILERS = ("aot", "inductor")
 
 
 class BudgetWarning(UserWarning):
@@ -60,6 +74,7 @@ class Planner:
         time_limit: seconds per graph for searching strategies.
         options: strategy options.
         plan_path: a plan file to use instead of the cache.
+        compiler: one of :data:`COMPILERS`.
         records: one per graph planned, in order.
         steps: training-step signature -> indices in ``records`` of the graphs compiled for
             it (the graphs of one step, recompilations included).
@@ -75,6 +90,7 @@ class Planner:
     time_limit: float | None = 30.0
     options: dict[str, Any] = field(default_factory=dict)
     plan_path: str | None = None
+    compiler: str = "aot"
     records: list[PlanRecord] = field(default_factory=list)
     steps: dict[object, list[int]] = field(default_factory=dict)
     step: object = None
@@ -91,7 +107,9 @@ class Planner:
         self.step = signature
 
     def backend(self) -> Callable[..., Any]:
-        """A torch.compile backend running this planner's plans."""
+        """A torch.compile backend running this planner's plans with its compiler."""
+        if self.compiler == "inductor":
+            return _inductor_backend(self)
         return aot_autograd(fw_compiler=_as_is, bw_compiler=_as_is, partition_fn=self.partition)  # type: ignore[no-any-return]
 
     def partition(
@@ -113,7 +131,7 @@ class Planner:
         with stage("trace", spent):  # the graph model, profiled as it is built
             jg = self._trace(joint, num_fwd_outputs, device, spent)
         with stage("plan", spent):  # reuse a plan of its family, else the plan cache or a solve
-            res, asked, reused = self._solve(jg, _profile_id(self.profile, device))
+            res, asked, reused = self._solve(jg, _profile_id(self.profile, device, self.compiler))
         with stage("codegen", spent):
             modules, paged = _codegen(joint, jg, res)
         return self._record(jg, res, modules, paged, asked, reused, spent)
@@ -129,7 +147,12 @@ class Planner:
             from checkmate.profile import profile_costs
 
             with stage("profile", spent):
-                return profile_costs(joint, list(nodes), profile=self.profile, device=device)
+                costs = profile_costs(joint, list(nodes), profile=self.profile, device=device)
+                if self.compiler == "inductor":  # the compiled step's: fused ops move bytes
+                    from checkmate.fusion import fused_costs, memory_bandwidth
+
+                    costs = fused_costs(nodes, costs, memory_bandwidth(self.profile, device))
+                return costs
 
         def scratch(node: fx.Node) -> int:
             with stage("scratch", spent):
@@ -270,6 +293,43 @@ def _codegen(joint: fx.GraphModule, jg: JointGraph, res: SolveResult) -> tuple[S
     return done.modules, done.paged
 
 
+def _inductor_backend(planner: Planner) -> Callable[..., Any]:
+    """A torch.compile backend: Inductor, with ``planner`` as its partitioner.
+
+    Inductor's FX-graph cache and AOTAutograd's cache are off for these compiles: a cached
+    artifact would skip the partitioner, so the step would run a plan made for another
+    budget (or none), and the planner would hold no record of it. The plan cache still
+    spares the solve.
+    """
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+    class CheckmatePartitioner(CustomPartitionerFn):
+        def __call__(
+            self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
+        ) -> tuple[fx.GraphModule, fx.GraphModule]:
+            return planner.partition(gm, joint_inputs, **kwargs)
+
+        def uuid(self) -> None:
+            return None  # never reuse a compiled artifact (see above)
+
+    patches = {
+        "custom_partitioner_fn": CheckmatePartitioner(),
+        "fx_graph_cache": False,
+        # a buffer Inductor reuses stays allocated from its last use until it is reused, through
+        # whatever peak lies between: the plan frees each value at its last use
+        "allow_buffer_reuse": False,
+    }
+    import json, os
+    patches.update(json.loads(os.environ.get("CM_PATCHES", "{}")))
+
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        with torch._functorch.config.patch(enable_autograd_cache=False):
+            return compile_fx(gm, list(example_inputs), config_patches=patches)
+
+    return backend
+
+
 def _as_is(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
     """The compilers: run the generated modules unchanged (they use the boxed convention)."""
     return gm
@@ -296,7 +356,9 @@ def _device_of(gm: fx.GraphModule) -> torch.device:
     return torch.device("cpu")
 
 
-def _profile_id(profile: str | None, device: torch.device) -> str:
+def _profile_id(profile: str | None, device: torch.device, compiler: str) -> str:
+    """The plan cache's key for the costs: the profile's, and the compiler's cost model."""
     from checkmate.profile import profile_id
 
-    return profile_id(profile, device)
+    pid = profile_id(profile, device)
+    return pid if compiler == "aot" else f"{pid}:{compiler}"
