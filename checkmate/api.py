@@ -80,7 +80,7 @@ def optimize(
     plan: str | None = None,
     options: dict[str, Any] | None = None,
     fullgraph: bool = False,
-    compiler: str = "aot",
+    compiler: str = "auto",
 ) -> nn.Module:
     """Return ``model`` training within ``budget``, with the same gradients.
 
@@ -118,10 +118,12 @@ def optimize(
         options: strategy options.
         fullgraph: require one graph (a graph break raises :class:`TraceError`).
         compiler: what runs the planned step: ``"aot"`` (the plan's aten ops one at a time,
-            exactly in the plan's order) or ``"inductor"`` (Inductor compiles the planned
-            forward and backward, with fused kernels: faster, with gradients equal to
-            ``torch.compile``'s within rounding; the plan is made with the compiled step's
-            costs). See the README for which to use.
+            exactly in the plan's order), ``"inductor"`` (Inductor compiles the planned
+            forward and backward into fused kernels: faster steps, longer compiles, gradients
+            equal to ``torch.compile``'s within rounding and dropout drawing Inductor's
+            random numbers; the plan is made with the compiled step's costs) or ``"auto"``
+            (Inductor for a model on CUDA, ``"aot"`` on CPU, where Inductor's C++ compile
+            takes tens of seconds per graph). See the README, "Compilers".
 
     A training call that plans nothing (Dynamo captured no graph, e.g. ``nn.LSTM`` without
     ``torch._dynamo.config.allow_rnn = True``) runs eagerly with no memory bound and issues
@@ -241,7 +243,7 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         # keep-all step is what was checked against the budget, so it runs
         # compiled, so eager is then the slower way to run the same plan
         by_bytes = state.planner.budget.nbytes is not None
-        inductor = state.planner.compiler != "aot"
+        inductor = any(r.compiler != "aot" for r in fresh)
         state.eager_keys[key] = bool(fresh) and all(r.is_eager for r in fresh) and not (by_bytes or inductor)
     if not state.planner.records and not state.warned_unplanned and _needs_grad(out):
         state.warned_unplanned = True

@@ -38,6 +38,7 @@ class PlanRecord:
         reused_from: the index of the record whose plan this graph runs (the same graph
             at other tensor sizes, see :meth:`checkmate.runtime.Planner.partition`), or None when this graph
             was planned itself.
+        compiler: what compiled its halves: ``"aot"`` or ``"inductor"``.
     """
 
     index: int
@@ -50,6 +51,7 @@ class PlanRecord:
     paged: tuple[str, ...] = ()
     asked_budget: int | None = None
     reused_from: int | None = None
+    compiler: str = "aot"
 
     @property
     def seconds(self) -> float:

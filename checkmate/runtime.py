@@ -7,7 +7,8 @@ partition function. Ours is the whole pipeline for one graph, one call a line:
     joint fx graph -> solvers.Graph (trace) -> per-op costs (profile) -> plan (cache / solve)
     -> forward and backward GraphModules (codegen)
 
-Two compilers run those modules (``Planner.compiler``):
+Two compilers run those modules (``Planner.compiler``; ``"auto"``, the default, picks
+Inductor for a graph on CUDA and ``"aot"`` otherwise):
 
 - ``"aot"``: as they are (boxed fx modules, one aten op at a time): the step executes exactly
   the plan's ops in the plan's order.
@@ -54,8 +55,9 @@ from solvers.schedule import PAGEIN, PAGEOUT, keep_all_peak
 __all__ = ["COMPILERS", "BudgetWarning", "PlanRecord", "Planner"]
 
 #: what compiles the planned forward and backward: ``"aot"`` runs them as fx modules,
-#: ``"inductor"`` compiles them with Inductor (see the module docstring)
-COMPILERS = ("aot", "inductor")
+#: ``"inductor"`` compiles them with Inductor (see the module docstring), ``"auto"`` picks
+#: Inductor for a graph on a CUDA device and ``"aot"`` otherwise (README, "Compilers")
+COMPILERS = ("auto", "aot", "inductor")
 
 
 class BudgetWarning(UserWarning):
@@ -90,7 +92,7 @@ class Planner:
     time_limit: float | None = 30.0
     options: dict[str, Any] = field(default_factory=dict)
     plan_path: str | None = None
-    compiler: str = "aot"
+    compiler: str = "auto"
     records: list[PlanRecord] = field(default_factory=list)
     steps: dict[object, list[int]] = field(default_factory=dict)
     step: object = None
@@ -107,15 +109,31 @@ class Planner:
         self.step = signature
 
     def backend(self) -> Callable[..., Any]:
-        """A torch.compile backend running this planner's plans with its compiler."""
-        if self.compiler == "inductor":
-            return _inductor_backend(self)
-        return aot_autograd(fw_compiler=_as_is, bw_compiler=_as_is, partition_fn=self.partition)  # type: ignore[no-any-return]
+        """A torch.compile backend running this planner's plans with its compiler (for
+        ``"auto"``, chosen per captured graph from its inputs' device)."""
+        aot = aot_autograd(fw_compiler=_as_is, bw_compiler=_as_is, partition_fn=self.partition)
+        inductor = _inductor_backend(self)
+
+        def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+            if self.compiler == "inductor" or (self.compiler == "auto" and _on_cuda(example_inputs)):
+                return inductor(gm, example_inputs)
+            return aot(gm, example_inputs)
+
+        return backend
 
     def partition(
-        self, joint: fx.GraphModule, joint_inputs: Sequence[Any], *, num_fwd_outputs: int, **_: Any
+        self,
+        joint: fx.GraphModule,
+        joint_inputs: Sequence[Any],
+        *,
+        num_fwd_outputs: int,
+        compiler: str = "aot",
+        **_: Any,
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
         """AOTAutograd's partition hook: plan the joint graph and generate its two halves.
+
+        ``compiler`` is what will compile the halves (Inductor passes ``"inductor"``): it
+        decides the op costs (:mod:`checkmate.fusion`).
 
         A fraction budget applies to each graph's own keep-all peak. A graph for which that
         fraction is infeasible (the largest op of a loss graph split off by a graph break
@@ -129,15 +147,20 @@ class Planner:
         spent: dict[str, float] = {}  # stage -> seconds (checkmate.timers), for the record
         device = _device_of(joint)
         with stage("trace", spent):  # the graph model, profiled as it is built
-            jg = self._trace(joint, num_fwd_outputs, device, spent)
+            jg = self._trace(joint, num_fwd_outputs, device, compiler, spent)
         with stage("plan", spent):  # reuse a plan of its family, else the plan cache or a solve
-            res, asked, reused = self._solve(jg, _profile_id(self.profile, device, self.compiler))
+            res, asked, reused = self._solve(jg, _profile_id(self.profile, device, compiler))
         with stage("codegen", spent):
             modules, paged = _codegen(joint, jg, res)
-        return self._record(jg, res, modules, paged, asked, reused, spent)
+        return self._record(jg, res, modules, paged, asked, reused, spent, compiler)
 
     def _trace(
-        self, joint: fx.GraphModule, num_fwd_outputs: int, device: torch.device, spent: dict[str, float]
+        self,
+        joint: fx.GraphModule,
+        num_fwd_outputs: int,
+        device: torch.device,
+        compiler: str,
+        spent: dict[str, float],
     ) -> JointGraph:
         """The graph model of ``joint``; op costs and scratch sizes are taken as it is
         built (the stages ``profile`` and ``scratch``, nested in ``trace``)."""
@@ -148,7 +171,7 @@ class Planner:
 
             with stage("profile", spent):
                 costs = profile_costs(joint, list(nodes), profile=self.profile, device=device)
-                if self.compiler == "inductor":  # the compiled step's: fused ops move bytes
+                if compiler == "inductor":  # the compiled step's: fused ops move bytes
                     from checkmate.fusion import fused_costs, memory_bandwidth
 
                     costs = fused_costs(nodes, costs, memory_bandwidth(self.profile, device))
@@ -172,6 +195,7 @@ class Planner:
         asked: int | None,
         reused: int | None,
         spent: dict[str, float],
+        compiler: str,
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
         """Record the plan of ``jg`` (in ``records``, its step and its family); its halves."""
         index = len(self.records)
@@ -187,6 +211,7 @@ class Planner:
                 paged=paged,
                 asked_budget=asked,
                 reused_from=reused,
+                compiler=compiler,
             )
         )
         self.steps.setdefault(self.step, []).append(index)
@@ -320,8 +345,6 @@ def _inductor_backend(planner: Planner) -> Callable[..., Any]:
         # whatever peak lies between: the plan frees each value at its last use
         "allow_buffer_reuse": False,
     }
-    import json, os
-    patches.update(json.loads(os.environ.get("CM_PATCHES", "{}")))
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         with torch._functorch.config.patch(enable_autograd_cache=False):
@@ -346,6 +369,10 @@ def _cache_status(res: SolveResult, plan_path: str | None) -> str:
     if hit:
         return "hit"
     return "miss" if cache_enabled() or plan_path is not None else "disabled"
+
+
+def _on_cuda(example_inputs: Sequence[Any]) -> bool:
+    return any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
 
 
 def _device_of(gm: fx.GraphModule) -> torch.device:

@@ -1,0 +1,99 @@
+"""``compiler="inductor"``: Inductor compiles the planned step (C++ kernels on CPU).
+
+Gradients are compared with ``torch.compile`` of the same model without a budget (Inductor
+too, so dropout draws the same random numbers), within a relative tolerance: Inductor may
+fuse and reorder arithmetic differently around the recomputations. The peak is measured
+with the allocator (the profiler's memory events see Inductor's buffers, which a
+dispatcher-level count would not).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import checkmate  # noqa: E402
+from checkmate.memory import measure_peak  # noqa: E402
+from solvers.errors import CheckmateError  # noqa: E402
+from tests.integration import _models as M  # noqa: E402
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+#: largest gradient difference allowed, relative to the model's largest gradient entry
+GRAD_RTOL = 1e-4
+
+
+def _transformer() -> tuple[Any, Any]:
+    torch.manual_seed(0)
+    return M.TinyTransformer(vocab=64, d=64, layers=2, p=0.1), torch.randint(0, 64, (16, 128))
+
+
+def _cnn() -> tuple[Any, Any]:
+    torch.manual_seed(0)
+    return M.SmallCNN(c=16, blocks=6), torch.randn(16, 3, 48, 48)
+
+
+def _grads(model: Any, x: Any, seed: int = 1) -> dict[str, Any]:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    model(x).float().pow(2).mean().backward()
+    return {k.removeprefix("_orig_mod."): p.grad.detach().clone() for k, p in model.named_parameters()}
+
+
+def _assert_close(got: dict[str, Any], ref: dict[str, Any]) -> None:
+    scale = max(g.abs().max().item() for g in ref.values())
+    assert got.keys() == ref.keys()
+    for k in ref:
+        err = (got[k] - ref[k]).abs().max().item()
+        assert err <= GRAD_RTOL * scale, f"{k}: gradient differs by {err:.3g} (scale {scale:.3g})"
+
+
+@pytest.fixture(scope="module")
+def references() -> dict[str, tuple[Any, Any, dict[str, Any], Any]]:
+    """Per model: the model, its input, torch.compile's gradients (no budget), its buffers."""
+    out = {}
+    for name, make in (("transformer", _transformer), ("cnn", _cnn)):
+        model, x = make()
+        ref = torch.compile(copy.deepcopy(model), dynamic=False)
+        grads = _grads(ref, x)
+        out[name] = (model, x, grads, {k: b.clone() for k, b in ref.named_buffers()})
+    return out
+
+
+@pytest.mark.parametrize("name", ["transformer", "cnn"])
+@pytest.mark.parametrize("fraction", [0.7, 0.5])
+def test_inductor_step_matches_torch_compile_within_the_budget(
+    references: dict[str, Any], name: str, fraction: float
+) -> None:
+    model, x, ref_grads, ref_buffers = references[name]
+    opt = checkmate.optimize(copy.deepcopy(model), fraction, compiler="inductor", time_limit=20)
+    grads = _grads(opt, x)
+    _assert_close(grads, ref_grads)
+    # BatchNorm's running statistics moved once, as in torch.compile's step
+    buffers = dict(opt.named_buffers())
+    for k, b in ref_buffers.items():
+        assert torch.allclose(buffers[k.removeprefix("_orig_mod.")], b, rtol=1e-5, atol=1e-6), k
+    recs = checkmate.plans_of(opt)
+    assert recs and all(r.compiler == "inductor" for r in recs)
+    assert sum(r.recomputes for r in recs) > 0  # the budget made it rematerialize
+    budget = max(r.result.budget for r in recs)
+    step: Callable[[], Any] = lambda: _grads(opt, x)  # noqa: E731
+    peak = measure_peak(step, method="allocator")
+    assert peak <= 1.05 * budget, f"measured {peak:,} B over the budget {budget:,} B"
+
+
+def test_unknown_compiler_is_refused_before_tracing() -> None:
+    model, _ = _cnn()
+    with pytest.raises(CheckmateError, match="compiler='tvm' is not one of"):
+        checkmate.optimize(model, 0.5, compiler="tvm")
+
+
+def test_auto_runs_aot_on_cpu() -> None:
+    model, x = _cnn()
+    opt = checkmate.optimize(model, 0.7, (x,), time_limit=10)
+    assert [r.compiler for r in checkmate.plans_of(opt)] == ["aot"]
