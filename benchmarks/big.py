@@ -10,6 +10,12 @@ al.'s sqrt(n) and greedy baselines, all on the same graph and simulated by the s
 simulator. Every figure is a prediction from the h100 profile's roofline, not a
 measurement on a GPU. Writes ``benchmarks/results/big.md``.
 
+Per model also a Pareto curve: ``auto`` (``--pareto-time-limit``, 25 s) at ``--points``
+budgets evenly spaced from the keep-all peak down to the least peak found, with no
+rematerialization and per-layer checkpointing as marked points, drawn to
+``benchmarks/results/big_<model>_pareto.png`` with a CSV beside it (``--pareto-only``
+skips the budget table).
+
 Budgets are the bytes the plan controls: activations, their gradients, temporaries and
 parameter gradients (the graph's nodes). Parameters and optimizer state are resident
 outside the budget (the table lists the parameters' bytes).
@@ -158,6 +164,85 @@ def plan(graph: Graph, time_limit: float, budgets_gib: list[float]) -> list[dict
     return rows
 
 
+def pareto(graph: Graph, points: int, time_limit: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``auto`` at ``points`` budgets evenly spaced from the keep-all peak down to the least
+    peak found (the search seeded with per-layer checkpointing's schedule), one row each,
+    and the two reference plans: (rows, {label: (peak GiB, cost / no-recompute cost)})."""
+    from solvers.strategies.least_peak import least_peak
+
+    base, keep = graph.total_cost, keep_all_peak(graph)
+    layer_sched = schedule_from_kept(graph, per_layer_kept(graph))
+    layer = simulate(graph, layer_sched)
+    t0 = time.perf_counter()
+    floor = least_peak(graph, time_limit=time_limit, exact=False, seeds=[layer_sched]).peak
+    print(
+        f"  {graph.name}: least peak found {floor / GiB:.2f} GiB ({time.perf_counter() - t0:.1f} s)",
+        flush=True,
+    )
+    budgets = [int(keep - (keep - floor) * k / max(points - 1, 1)) for k in range(points)]
+    rows = []
+    for nbytes in budgets:
+        t0 = time.perf_counter()
+        if nbytes >= keep:
+            cost, peak, bound, status = base, keep, base, "keep-all fits"
+        else:
+            res = solve(graph, nbytes, "auto", time_limit=time_limit, raise_infeasible=False)
+            cost, peak, bound, status = (
+                (res.cost if res.ok else None),
+                res.peak,
+                res.lower_bound,
+                str(res.status),
+            )
+        rows.append(
+            {
+                "strategy": "auto",
+                "budget_gib": nbytes / GiB,
+                "budget_fraction": nbytes / keep,
+                "status": status,
+                "predicted_peak_gib": None if cost is None or peak is None else peak / GiB,
+                "overhead": None if cost is None else cost / base,
+                "cost_over_bound": None if cost is None or not bound else cost / bound,
+                "seconds": time.perf_counter() - t0,
+            }
+        )
+        print(f"  {graph.name} pareto {rows[-1]}", flush=True)
+    marks = {
+        "no rematerialization": (keep / GiB, 1.0),
+        "per-layer checkpointing": (layer.peak / GiB, layer.cost / base),
+    }
+    return rows, marks
+
+
+def write_pareto(name: str, rows: list[dict[str, Any]], marks: dict[str, Any], folder: Path) -> None:
+    """``big_<name>_pareto.png`` and ``.csv`` in ``folder``."""
+    import csv
+
+    import benchmarks.big_models as bm
+    from checkmate.plot import pareto_figure
+
+    folder.mkdir(parents=True, exist_ok=True)
+    csv_path = folder / f"big_{name}_pareto.csv"
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        for label, (gib, over) in marks.items():
+            writer.writerow(
+                {"strategy": label, "budget_gib": gib, "predicted_peak_gib": gib, "overhead": over}
+            )
+    b, s = bm.BATCH[name]
+    png = pareto_figure(
+        rows,
+        folder / f"big_{name}_pareto.png",
+        title=f"{name}, batch {b} x {s}: predictions from the h100 profile (not measured)",
+        x="budget_gib",
+        xlabel="budget (GiB; activations, temporaries and gradients; parameters come on top)",
+        ylabel="predicted step time / step without remat (h100 profile)",
+        marks=[(label, gib, over) for label, (gib, over) in marks.items()],
+    )
+    print(f"wrote {png} and {csv_path}", flush=True)
+
+
 def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
@@ -172,12 +257,22 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--out", default="benchmarks/results/big.md")
     ap.add_argument("--keep-graphs", default=None, help="folder to keep the traced graphs in")
+    ap.add_argument("--points", type=int, default=8, help="budgets on each model's Pareto curve (0: none)")
+    ap.add_argument("--pareto-time-limit", type=float, default=25.0, help="auto's seconds per Pareto point")
+    ap.add_argument("--pareto-only", action="store_true", help="trace and draw the Pareto curves only")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--graph", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         _child(args.child, args.layers, Path(args.graph))
         return
+    if args.points:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise SystemExit(
+                "the Pareto plot needs matplotlib: pip install 'checkmate-remat[plot]' (or --points 0)"
+            ) from None
     folder = Path(args.keep_graphs or tempfile.mkdtemp(prefix="checkmate-big-"))
     folder.mkdir(parents=True, exist_ok=True)
     traced: dict[str, dict[str, Any]] = {}
@@ -192,8 +287,15 @@ def main() -> None:
             f"RSS {traced[name]['rss'] / 2**20:.0f} MiB",
             flush=True,
         )
-        planned[name] = plan(graph, args.time_limit, args.budgets)
-    write(Path(args.out), args, traced, planned)
+        if not args.pareto_only:
+            planned[name] = plan(graph, args.time_limit, args.budgets)
+        if args.points:
+            t0 = time.perf_counter()
+            rows, marks = pareto(graph, args.points, args.pareto_time_limit)
+            print(f"{name}: Pareto curve planned in {time.perf_counter() - t0:.0f} s", flush=True)
+            write_pareto(name, rows, marks, Path(args.out).parent)
+    if not args.pareto_only:
+        write(Path(args.out), args, traced, planned)
 
 
 def write(
