@@ -14,7 +14,7 @@ one joint graph holds the whole step):
    same byte budgets with the same profile (so the plan is made from the same costs), and
    measure one step's peak with :func:`checkmate.memory.measure_peak` (on CUDA,
    ``max_memory_allocated`` beyond what was allocated before the step) and its time (the
-   median of ``--steps`` steps after warm-up). "No budget" is the compiled step keeping
+   median of ``--steps`` steps after warm-up, the modules timed round-robin). "No budget" is the compiled step keeping
    every value (a byte budget of twice the predicted keep-all peak); plain eager PyTorch
    is listed beside it.
 
@@ -135,29 +135,41 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _run(module: Any, ids: Any, args: argparse.Namespace) -> tuple[int, float]:
-    """(peak bytes of one step beyond what was live before it, median step seconds)."""
+def _step(module: Any, ids: Any) -> None:
+    module(ids).backward()
+
+
+def _peak(module: Any, ids: Any, device: str) -> int:
+    """Peak bytes of one step beyond what was live before it (the gradients are the
+    step's: they are dropped before it, so that the peak counts them)."""
     from checkmate.memory import measure_peak
 
-    def step() -> None:
-        module(ids).backward()
-
-    for _ in range(args.warmup):
-        module.zero_grad(set_to_none=True)
-        step()
-    times = []
-    for _ in range(args.steps):
-        module.zero_grad(set_to_none=True)
-        _sync(args.device)
-        t0 = time.perf_counter()
-        step()
-        _sync(args.device)
-        times.append(time.perf_counter() - t0)
-    module.zero_grad(set_to_none=True)  # the gradients are the step's: counted in its peak
-    _sync(args.device)
-    peak = measure_peak(step)
     module.zero_grad(set_to_none=True)
-    return peak, statistics.median(times)
+    _sync(device)
+    peak = measure_peak(lambda: _step(module, ids))
+    module.zero_grad(set_to_none=True)
+    return peak
+
+
+def _times(modules: list[Any], ids: Any, args: argparse.Namespace) -> list[float]:
+    """Median step seconds of each module, timed round-robin (one step of each per round),
+    so that a change of the machine's load falls on every module alike."""
+    for m in modules:
+        for _ in range(args.warmup):
+            m.zero_grad(set_to_none=True)
+            _step(m, ids)
+    times: list[list[float]] = [[] for _ in modules]
+    for _ in range(args.steps):
+        for k, m in enumerate(modules):
+            m.zero_grad(set_to_none=True)
+            _sync(args.device)
+            t0 = time.perf_counter()
+            _step(m, ids)
+            _sync(args.device)
+            times[k].append(time.perf_counter() - t0)
+    for m in modules:
+        m.zero_grad(set_to_none=True)
+    return [statistics.median(t) for t in times]
 
 
 def measure(args: argparse.Namespace, predicted: dict[str, Any]) -> list[dict[str, Any]]:
@@ -170,11 +182,16 @@ def measure(args: argparse.Namespace, predicted: dict[str, Any]) -> list[dict[st
     with torch.device(args.device):
         model, ids = bm.small_llama()
     model.train()
-    rows = []
-    peak, secs = _run(model, ids, args)
-    rows.append(
-        {"label": "eager PyTorch", "budget": None, "pred": None, "sim": None, "peak": peak, "s": secs}
-    )
+    rows: list[dict[str, Any]] = [
+        {
+            "label": "eager PyTorch",
+            "budget": None,
+            "pred": None,
+            "sim": None,
+            "peak": _peak(model, ids, args.device),
+        }
+    ]
+    modules = [model]
     budgets = [("no budget (compiled, keeps every value)", 2 * predicted["keep"], predicted["keep"], 0.0)]
     budgets += [
         (f"{p['fraction']:g} of keep-all", p["budget"], p["peak"], p["overhead"]) for p in predicted["plans"]
@@ -193,27 +210,24 @@ def measure(args: argparse.Namespace, predicted: dict[str, Any]) -> list[dict[st
             continue
         plan_s = time.perf_counter() - t0
         recs = checkmate.plans_of(opt)
-        sim = recs[-1].result.peak if recs else None
-        ref = recs[-1].reference_peak if recs else None
-        peak, secs = _run(opt, ids, args)
+        peak = _peak(opt, ids, args.device)
         rows.append(
             {
                 "label": label,
                 "budget": nbytes,
                 "pred": pred,
                 "pred_over": over,
-                "sim": sim,
-                "real_keep": ref,
+                "sim": recs[-1].result.peak if recs else None,
+                "real_keep": recs[-1].reference_peak if recs else None,
                 "peak": peak,
-                "s": secs,
                 "plan_s": plan_s,
             }
         )
-        print(
-            f"  {label}: predicted {pred}, simulated {sim}, measured {peak} B, {secs * 1e3:.2f} ms",
-            flush=True,
-        )
-        del opt
+        modules.append(opt)
+        print(f"  {label}: predicted {pred}, simulated {rows[-1]['sim']}, measured {peak} B", flush=True)
+    timed = [r for r in rows if "error" not in r]
+    for r, secs in zip(timed, _times(modules, ids, args)):
+        r["s"] = secs
     return rows
 
 
@@ -235,7 +249,7 @@ def markdown(
         f"{_mib(predicted['keep'])} MiB. Measured: `checkmate.optimize(model, budget, profile="
         f"'{args.profile}')` at the same bytes, one step's peak by `checkmate.memory.measure_peak` "
         f"(beyond parameters and inputs), time the median of {args.steps} steps after {args.warmup} "
-        "warm-up steps. Simulated: the peak of the plan that ran (its own trace of the real model). "
+        "warm-up steps (one step of each row per round). Simulated: the peak of the plan that ran (its own trace of the real model). "
         "Time overhead: over the no-budget compiled step.",
         "",
         "| budget | bytes (MiB) | predicted peak (MiB) | plan's simulated peak (MiB) | measured peak (MiB) "
@@ -256,6 +270,12 @@ def markdown(
             f"{_mib(r['peak'])} | {ratio} | {'-' if over is None else f'{100 * over:+.1f}%'} | "
             f"{1e3 * r['s']:.2f} | {t_over} |"
         )
+    if args.device == "cpu":
+        lines += [
+            "",
+            "On a CPU shared with other jobs the step times move by 2x from run to run: there the "
+            "memory columns are the check, the time columns are not.",
+        ]
     keeps = {r.get("real_keep") for r in rows if r.get("real_keep") is not None}
     if keeps:
         lines += [
