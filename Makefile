@@ -84,7 +84,7 @@ bench-ddp: install
 
 # Plan for a GPU you do not have: Llama-2-7B- and GPT-2-XL-shaped decoders traced with --fake
 # (no storage) and planned with the h100 profile at 80/60/40/30/20 GiB, plus a Pareto curve per
-# model (8 budgets, 25 s each) drawn to benchmarks/results/big_<model>_pareto.png (~25 min on 2 cores).
+# model (8 budgets, 25 s each) drawn to benchmarks/results/big_<model>_pareto.png (~10 min on 2 cores).
 bench-big: install
 	nice $(BIN)/python -m benchmarks.big $(BENCH_ARGS)
 
