@@ -7,7 +7,7 @@ TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-second-run bench-overhead bench-budget bench-loop bench-scale bench-ddp bench-big clean
+.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-second-run bench-overhead bench-budget bench-loop bench-scale bench-ddp bench-big bench-predict clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -83,9 +83,15 @@ bench-ddp: install
 	$(BIN)/python -m benchmarks.ddp $(BENCH_ARGS)
 
 # Plan for a GPU you do not have: Llama-2-7B- and GPT-2-XL-shaped decoders traced with --fake
-# (no storage) and planned with the h100 profile at 80/60/40/30/20 GiB (~15 min on 2 cores).
+# (no storage) and planned with the h100 profile at 80/60/40/30/20 GiB, plus a Pareto curve per
+# model (8 budgets, 25 s each) drawn to benchmarks/results/big_<model>_pareto.png (~10 min on 2 cores).
 bench-big: install
 	nice $(BIN)/python -m benchmarks.big $(BENCH_ARGS)
+
+# A scaled-down Llama predicted (fake trace, h100 profile) and then measured on a CUDA GPU at the same
+# budgets: benchmarks/results/predict_check.md. BENCH_ARGS=--device cpu does the same on the CPU.
+bench-predict: install
+	$(BIN)/python -m benchmarks.predict_check $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

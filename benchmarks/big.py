@@ -10,6 +10,13 @@ al.'s sqrt(n) and greedy baselines, all on the same graph and simulated by the s
 simulator. Every figure is a prediction from the h100 profile's roofline, not a
 measurement on a GPU. Writes ``benchmarks/results/big.md``.
 
+Per model also a Pareto curve: ``auto`` (``--pareto-time-limit``, 25 s) at ``--points``
+budgets evenly spaced from the keep-all peak down to the least peak found, with no
+rematerialization and per-layer checkpointing as marked points and the proven lower bound
+(:func:`solvers.cost_bounds.recompute_lower_bound`) as a line, drawn to
+``benchmarks/results/big_<model>_pareto.png`` with a CSV beside it (``--pareto-only``
+skips the budget table).
+
 Budgets are the bytes the plan controls: activations, their gradients, temporaries and
 parameter gradients (the graph's nodes). Parameters and optimizer state are resident
 outside the budget (the table lists the parameters' bytes).
@@ -28,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from solvers import keep_all_peak, load_graph, solve
+from solvers.cost_bounds import recompute_lower_bound
 from solvers.graph import Graph
 from solvers.repeats import find_repeats
 from solvers.schedule import simulate
@@ -144,7 +152,7 @@ def plan(graph: Graph, time_limit: float, budgets_gib: list[float]) -> list[dict
             res = solve(graph, nbytes, method, time_limit=time_limit, raise_infeasible=False)
             secs = time.perf_counter() - t0
             if method == "auto":
-                bound = res.lower_bound
+                bound = _bound(graph, nbytes, res.lower_bound)
             fits = res.ok
             row(
                 label,
@@ -156,6 +164,106 @@ def plan(graph: Graph, time_limit: float, budgets_gib: list[float]) -> list[dict
             )
             print(f"  {graph.name} {label} {method}: {rows[-1]}", flush=True)
     return rows
+
+
+def _bound(graph: Graph, nbytes: int, solver_bound: float | None) -> float:
+    """The larger of a strategy's proven lower bound and what the budget forces to be
+    recomputed at one instant (:func:`solvers.cost_bounds.recompute_lower_bound`)."""
+    forced = recompute_lower_bound(graph, nbytes)
+    return max(solver_bound or graph.total_cost, forced or graph.total_cost)
+
+
+def pareto(graph: Graph, points: int, time_limit: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``auto`` at ``points`` budgets evenly spaced from the keep-all peak down to the least
+    peak found (the search seeded with per-layer checkpointing's schedule), one row each,
+    and the two reference plans: (rows, {label: (peak GiB, cost / no-recompute cost)})."""
+    from solvers.strategies.least_peak import least_peak
+
+    base, keep = graph.total_cost, keep_all_peak(graph)
+    layer_sched = schedule_from_kept(graph, per_layer_kept(graph))
+    layer = simulate(graph, layer_sched)
+    t0 = time.perf_counter()
+    floor = least_peak(graph, time_limit=time_limit, exact=False, seeds=[layer_sched]).peak
+    print(
+        f"  {graph.name}: least peak found {floor / GiB:.2f} GiB ({time.perf_counter() - t0:.1f} s)",
+        flush=True,
+    )
+    budgets = [int(keep - (keep - floor) * k / max(points - 1, 1)) for k in range(points)]
+    rows = []
+    for nbytes in budgets:
+        t0 = time.perf_counter()
+        if nbytes >= keep:
+            cost, peak, bound, status = base, keep, base, "keep-all fits"
+        else:
+            res = solve(graph, nbytes, "auto", time_limit=time_limit, raise_infeasible=False)
+            cost, peak, bound, status = (
+                (res.cost if res.ok else None),
+                res.peak,
+                _bound(graph, nbytes, res.lower_bound),
+                str(res.status),
+            )
+        rows.append(
+            {
+                "strategy": "auto",
+                "budget_gib": nbytes / GiB,
+                "budget_fraction": nbytes / keep,
+                "status": status,
+                "predicted_peak_gib": None if cost is None or peak is None else peak / GiB,
+                "overhead": None if cost is None else cost / base,
+                "cost_over_bound": None if cost is None or not bound else cost / bound,
+                "seconds": time.perf_counter() - t0,
+            }
+        )
+        print(f"  {graph.name} pareto {rows[-1]}", flush=True)
+    # the proven lower bound at each budget, drawn as a line of its own
+    rows += [
+        {
+            "strategy": "lower bound (proven)",
+            "budget_gib": r["budget_gib"],
+            "budget_fraction": r["budget_fraction"],
+            "status": "bound",
+            "predicted_peak_gib": None,
+            "overhead": _bound(graph, int(r["budget_gib"] * GiB), None) / base,
+            "cost_over_bound": None,
+            "seconds": 0.0,
+        }
+        for r in list(rows)
+    ]
+    marks = {
+        "no rematerialization": (keep / GiB, 1.0),
+        "per-layer checkpointing": (layer.peak / GiB, layer.cost / base),
+    }
+    return rows, marks
+
+
+def write_pareto(name: str, rows: list[dict[str, Any]], marks: dict[str, Any], folder: Path) -> None:
+    """``big_<name>_pareto.png`` and ``.csv`` in ``folder``."""
+    import csv
+
+    import benchmarks.big_models as bm
+    from checkmate.plot import pareto_figure
+
+    folder.mkdir(parents=True, exist_ok=True)
+    csv_path = folder / f"big_{name}_pareto.csv"
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        for label, (gib, over) in marks.items():
+            writer.writerow(
+                {"strategy": label, "budget_gib": gib, "predicted_peak_gib": gib, "overhead": over}
+            )
+    b, s = bm.BATCH[name]
+    png = pareto_figure(
+        rows,
+        folder / f"big_{name}_pareto.png",
+        title=f"{name}, batch {b} x {s}: predictions from the h100 profile (not measured)",
+        x="budget_gib",
+        xlabel="budget (GiB; activations, temporaries and gradients; parameters come on top)",
+        ylabel="predicted step time / step without remat (h100 profile)",
+        marks=[(label, gib, over) for label, (gib, over) in marks.items()],
+    )
+    print(f"wrote {png} and {csv_path}", flush=True)
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -172,12 +280,22 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--out", default="benchmarks/results/big.md")
     ap.add_argument("--keep-graphs", default=None, help="folder to keep the traced graphs in")
+    ap.add_argument("--points", type=int, default=8, help="budgets on each model's Pareto curve (0: none)")
+    ap.add_argument("--pareto-time-limit", type=float, default=25.0, help="auto's seconds per Pareto point")
+    ap.add_argument("--pareto-only", action="store_true", help="trace and draw the Pareto curves only")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--graph", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         _child(args.child, args.layers, Path(args.graph))
         return
+    if args.points:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise SystemExit(
+                "the Pareto plot needs matplotlib: pip install 'checkmate-remat[plot]' (or --points 0)"
+            ) from None
     folder = Path(args.keep_graphs or tempfile.mkdtemp(prefix="checkmate-big-"))
     folder.mkdir(parents=True, exist_ok=True)
     traced: dict[str, dict[str, Any]] = {}
@@ -192,8 +310,15 @@ def main() -> None:
             f"RSS {traced[name]['rss'] / 2**20:.0f} MiB",
             flush=True,
         )
-        planned[name] = plan(graph, args.time_limit, args.budgets)
-    write(Path(args.out), args, traced, planned)
+        if not args.pareto_only:
+            planned[name] = plan(graph, args.time_limit, args.budgets)
+        if args.points:
+            t0 = time.perf_counter()
+            rows, marks = pareto(graph, args.points, args.pareto_time_limit)
+            print(f"{name}: Pareto curve planned in {time.perf_counter() - t0:.0f} s", flush=True)
+            write_pareto(name, rows, marks, Path(args.out).parent)
+    if not args.pareto_only:
+        write(Path(args.out), args, traced, planned)
 
 
 def write(
@@ -213,9 +338,11 @@ def write(
         "step times are **predictions** (the h100 profile's roofline and the simulator), not "
         "measurements. Budgets cover what the plan controls (activations, temporaries, gradients); "
         "parameters and optimizer state come on top. Overhead: predicted step time over the step "
-        "without rematerialization, minus 1. cost / bound: over `auto`'s proven lower bound "
-        "(on these graphs `auto` proves only the trivial one, every op once: the step without "
-        "rematerialization, so cost / bound = 1 + overhead is an upper bound on the gap).",
+        "without rematerialization, minus 1. cost / bound: over the larger of `auto`'s proven lower "
+        "bound (on these graphs only the trivial one, every op once) and "
+        "`solvers.cost_bounds.recompute_lower_bound` (what the budget forces to be recomputed "
+        "when one op runs: a fractional knapsack over the values live then), so it bounds the gap "
+        "to the optimum from above.",
         "",
         "| model | batch | layers | params | nodes | trace (s) | child wall (s) | peak RSS (MiB) |",
         "|---|---|---|---|---|---|---|---|",

@@ -54,3 +54,49 @@ def gpt2xl() -> tuple[Any, torch.Tensor]:
     model = GPT2LMHeadModel._from_config(cfg, dtype=torch.bfloat16)
     b, t = BATCH["gpt2xl"]
     return model, torch.randint(0, cfg.vocab_size, (b, t))
+
+
+#: the scaled-down Llama of :mod:`benchmarks.predict_check` (set there before tracing)
+SMALL: dict[str, Any] = {
+    "hidden": 512,
+    "layers": 4,
+    "heads": 8,
+    "intermediate": 1376,
+    "vocab": 8000,
+    "batch": 4,
+    "seq": 512,
+    "dtype": "bfloat16",
+}
+
+
+class LossStep(torch.nn.Module):
+    """A causal LM whose forward returns the training loss (cross entropy in float32), so
+    one joint graph holds the whole step: nothing of the step's memory lies outside it."""
+
+    def __init__(self, lm: torch.nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        logits = self.lm(ids).logits
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
+
+
+def small_llama() -> tuple[Any, torch.Tensor]:
+    """A Llama shaped by ``SMALL`` (random init in its dtype), wrapped in :class:`LossStep`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = SMALL
+    cfg = LlamaConfig(
+        hidden_size=c["hidden"],
+        intermediate_size=c["intermediate"],
+        num_hidden_layers=c["layers"],
+        num_attention_heads=c["heads"],
+        num_key_value_heads=c["heads"],
+        vocab_size=c["vocab"],
+        max_position_embeddings=max(c["seq"], 128),
+        use_cache=False,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM._from_config(cfg, dtype=getattr(torch, c["dtype"]))
+    return LossStep(model), torch.randint(0, cfg.vocab_size, (c["batch"], c["seq"]))

@@ -117,15 +117,27 @@ def plan_figure(
 
 
 def pareto_figure(
-    rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str], *, title: str = ""
+    rows: Sequence[Mapping[str, Any]],
+    path: str | os.PathLike[str],
+    *,
+    title: str = "",
+    x: str = "budget_fraction",
+    xlabel: str = "budget (fraction of the checkpoint-all peak)",
+    ylabel: str = "overhead (cost / no-recompute cost)",
+    marks: Sequence[tuple[str, float, float]] = (),
 ) -> Path:
     """Overhead (cost / no-recompute cost) against budget, one line per strategy.
 
     Args:
-        rows: sweep rows with keys ``strategy``, ``budget_fraction``, ``status`` and
-            ``overhead`` (None without a schedule).
+        rows: sweep rows with keys ``strategy``, ``status``, ``overhead`` (None without a
+            schedule) and the budget under the key ``x``.
         path: the PNG to write (atomically).
         title: the figure's title.
+        x: the rows' key of the budget axis (``budget_fraction``, or e.g. GiB).
+        xlabel: the budget axis' label.
+        ylabel: the overhead axis' label.
+        marks: single plans drawn as labelled points, ``(label, x, overhead)`` (e.g. no
+            rematerialization and per-layer checkpointing on the same graph).
 
     Returns:
         The path written. Budgets without a schedule are drawn as crosses on the
@@ -136,6 +148,7 @@ def pareto_figure(
     strategies = list(dict.fromkeys(str(r["strategy"]) for r in rows))
     markers = "osD^v<>ph*"
     ok_y = [float(r["overhead"]) for r in rows if r.get("overhead") is not None]
+    ok_y += [float(m[2]) for m in marks]
     lo, hi = min([1.0, *ok_y]), max([1.0, *ok_y])
     # budgets without a schedule sit on a line of their own, below every real point
     fail_y = lo - 0.08 * max(hi - lo, 0.02)
@@ -143,13 +156,11 @@ def pareto_figure(
     for k, name in enumerate(strategies):
         color = f"C{k % 10}"
         mine = [r for r in rows if r["strategy"] == name]
-        pts = sorted(
-            (float(r["budget_fraction"]), float(r["overhead"])) for r in mine if r.get("overhead") is not None
-        )
+        pts = sorted((float(r[x]), float(r["overhead"])) for r in mine if r.get("overhead") is not None)
         if pts:
             xs, ys = zip(*pts)
             ax.plot(xs, ys, marker=markers[k % len(markers)], color=color, lw=1.3, label=name)
-        bad = [float(r["budget_fraction"]) for r in mine if r.get("overhead") is None]
+        bad = [float(r[x]) for r in mine if r.get("overhead") is None]
         if bad:
             failed_any = True
             ax.scatter(
@@ -167,8 +178,13 @@ def pareto_figure(
             fontsize=8,
             color="0.3",
         )
-    ax.set_xlabel("budget (fraction of the checkpoint-all peak)")
-    ax.set_ylabel("overhead (cost / no-recompute cost)")
+    for j, (label, mx, my) in enumerate(marks):
+        color = f"C{(len(strategies) + j) % 10}"
+        ax.scatter(
+            [mx], [my], marker="*^sD"[j % 4], s=130, color=color, edgecolor="black", zorder=6, label=label
+        )
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.invert_xaxis()  # tighter budgets to the right
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)

@@ -61,6 +61,20 @@ def test_pareto_figure_marks_missing_points(tmp_path: Path) -> None:
     _check_png(pareto_figure(rows, tmp_path / "pareto.png"), min_w=500)
 
 
+def test_pareto_figure_in_bytes_with_marked_plans(tmp_path: Path) -> None:
+    rows = [
+        {"strategy": "auto", "budget_gib": 48.0, "status": "keep-all fits", "overhead": 1.0},
+        {"strategy": "auto", "budget_gib": 20.0, "status": "feasible", "overhead": 1.08},
+    ]
+    marks = [("no rematerialization", 48.0, 1.0), ("per-layer checkpointing", 13.8, 1.23)]
+    out = pareto_figure(rows, tmp_path / "p.png", x="budget_gib", xlabel="GiB", marks=marks)
+    img = _check_png(out, min_w=500)
+    # the marked points are drawn in colours of their own (C1 orange, C2 green), not auto's C0
+    rgb = img[..., :3]
+    for colour in ((1.0, 0.498, 0.055), (0.173, 0.627, 0.173)):
+        assert (np.abs(rgb - np.array(colour)).max(axis=-1) < 0.03).sum() > 20, colour
+
+
 def test_cli_plot_writes_png(tmp_path: Path) -> None:
     gpath, plan, fig = tmp_path / "g.json", tmp_path / "p.json", tmp_path / "fig.png"
     save_graph(chain(10, training=True), gpath)
