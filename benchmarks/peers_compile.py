@@ -75,7 +75,7 @@ class Config:
     budgets: tuple[float, ...] = BUDGETS
     pairs: int = 20
     warmup: int = 2
-    time_limit: float = 10.0
+    time_limit: float = 5.0
     strategy: str = "auto"
     grad_tol: float = 1e-3
     seed: int = 0
@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--quick", action="store_true", help="tiny models, 3 pairs, 1 warm-up (a CPU check)")
     p.add_argument("--pairs", type=int, default=None, help="timed pairs per row (default 20; 3 with --quick)")
-    p.add_argument("--time-limit", type=float, default=None, help="seconds per checkmate plan (default 10)")
+    p.add_argument("--time-limit", type=float, default=None, help="seconds per checkmate plan (default 5)")
     p.add_argument("--grad-tol", type=float, default=None, help="max gradient error / max |gradient|")
     p.add_argument("--threads", type=int, default=None, help="torch threads (CPU default 1: stable ratios)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR)
