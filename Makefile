@@ -7,7 +7,7 @@ TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-second-run bench-overhead bench-budget bench-loop bench-scale bench-ddp bench-big bench-predict clean
+.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-peers-compile bench-second-run bench-overhead bench-budget bench-loop bench-scale bench-ddp bench-big bench-predict clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -55,6 +55,12 @@ bench-peers: install
 
 bench-peers-full: install
 	$(BIN)/python -m benchmarks.peers
+
+# checkmate with compiler="inductor" beside torch.compile and its activation_memory_budget at
+# 0.2-1.0, at equal measured memory, on GPT-2, a Llama-like model and the CNN (CUDA, ~8 min on
+# an H100); here on CPU: BENCH_ARGS="--device cpu --quick --models resnet --budgets 0.4,1.0".
+bench-peers-compile: install
+	$(BIN)/python -m benchmarks.peers_compile $(BENCH_ARGS)
 
 # Step time of checkmate against eager at budgets 1.0 and 0.5 (issue 3's overhead target; ~20 s).
 bench-overhead: install

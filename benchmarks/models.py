@@ -8,6 +8,8 @@ given the reference model's ``state_dict``, so every method trains the same weig
 - ``gpt2``: Hugging Face ``transformers``' ``GPT2LMHeadModel`` from a ``GPT2Config`` with
   random weights (``use_cache=False``), loss = next-token cross-entropy of its logits.
   ``small`` is the GPT-2-small shape (12 layers, 768 wide, 12 heads, 50257 tokens).
+- ``llama``: ``transformers``' ``LlamaForCausalLM`` from a ``LlamaConfig`` with random weights
+  (RMSNorm, rotary embeddings, SwiGLU MLP; ``sdpa`` attention), loss as for ``gpt2``.
 - ``resnet``: a ResNet-like CNN written here (torchvision is not a dependency): a conv +
   BatchNorm stem, four stages of two basic blocks (conv-BN-ReLU-conv-BN plus a shortcut,
   strided 1x1 conv + BN where the shape changes), global average pooling and a linear head;
@@ -17,14 +19,14 @@ given the reference model's ``state_dict``, so every method trains the same weig
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Workload", "gpt2_workload", "resnet_workload", "ResNet", "BasicBlock"]
+__all__ = ["Workload", "gpt2_workload", "llama_workload", "resnet_workload", "ResNet", "BasicBlock"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,21 @@ class Workload:
     def loss(self, model: nn.Module) -> torch.Tensor:
         """The forward of one training step: the model on ``inputs``, then the criterion."""
         return self.criterion(model(*self.inputs), self.batch)
+
+    def to(self, device: str | torch.device) -> Workload:
+        """This workload with its batch on ``device`` and its models built there."""
+        moved = {id(t): t.to(device) for t in self.batch}
+        build = self.build
+
+        def build_on(dropout: float) -> nn.Module:
+            return build(dropout).to(device)
+
+        return replace(
+            self,
+            build=build_on,
+            batch=tuple(moved[id(t)] for t in self.batch),
+            inputs=tuple(moved[id(t)] if id(t) in moved else t.to(device) for t in self.inputs),
+        )
 
 
 # ---------------------------------------------------------------- GPT-2 (transformers)
@@ -111,6 +128,73 @@ def gpt2_workload(size: str = "quick", batch: int = 4, seq: int = 64, seed: int 
         name="gpt2",
         shape=f"GPT-2 {size} ({dims['n_layer']} layers, d={dims['n_embd']}, vocab {dims['vocab_size']}), "
         f"batch {batch} x {seq} tokens",
+        build=build,
+        batch=(ids,),
+        inputs=(ids,),
+        criterion=criterion,
+        blocks=blocks,
+    )
+
+
+# ---------------------------------------------------------------- Llama (transformers)
+
+LLAMA_SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 172, "vocab": 256},
+    "quick": {"layers": 4, "hidden": 256, "heads": 4, "intermediate": 688, "vocab": 1000},
+}
+
+
+def llama_workload(
+    size: str = "quick", batch: int = 4, seq: int = 256, seed: int = 0, attn: str = "sdpa"
+) -> Workload:
+    """A Llama-like language model with random weights (``transformers``' LlamaForCausalLM).
+
+    Args:
+        size: a key of ``LLAMA_SIZES``.
+        batch: sequences per step.
+        seq: tokens per sequence.
+        seed: seed of the weights and of the token ids.
+        attn: the config's ``attn_implementation`` (``sdpa`` or ``eager``).
+
+    Returns:
+        The workload; its loss is next-token cross-entropy over the batch.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    dims = LLAMA_SIZES[size]
+
+    def build(dropout: float) -> nn.Module:
+        config = LlamaConfig(
+            hidden_size=dims["hidden"],
+            num_hidden_layers=dims["layers"],
+            num_attention_heads=dims["heads"],
+            num_key_value_heads=dims["heads"],
+            intermediate_size=dims["intermediate"],
+            vocab_size=dims["vocab"],
+            max_position_embeddings=max(seq, 64),
+            attention_dropout=dropout,
+            use_cache=False,
+            attn_implementation=attn,
+            bos_token_id=0,
+            eos_token_id=0,
+            pad_token_id=0,
+        )
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config).train()
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(0, dims["vocab"], (batch, seq), generator=gen)
+
+    def criterion(out: Any, b: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return F.cross_entropy(out.logits[:, :-1].flatten(0, 1), b[0][:, 1:].flatten())
+
+    def blocks(model: nn.Module) -> list[nn.Module]:
+        return list(model.model.layers)  # type: ignore[union-attr, arg-type]
+
+    return Workload(
+        name="llama",
+        shape=f"Llama-like {size} ({dims['layers']} layers, d={dims['hidden']}, {dims['heads']} heads, "
+        f"MLP {dims['intermediate']}, vocab {dims['vocab']}, {attn} attention), batch {batch} x {seq} tokens",
         build=build,
         batch=(ids,),
         inputs=(ids,),

@@ -6,6 +6,10 @@
   (instance attribute, so ``state_dict`` keys are unchanged);
 - pt-budget: ``torch.compile`` with PyTorch's min-cut partitioner and eager (boxed) compilers,
   i.e. the ``aot_eager`` backend, at ``torch._functorch.config.activation_memory_budget``;
+- compile / pt-budget with Inductor (:func:`prepare_inductor`): ``torch.compile`` of
+  :class:`WithLoss` with the default (Inductor) backend, with or without an
+  ``activation_memory_budget``; those with a budget compile with Inductor's FX-graph cache and
+  AOTAutograd's cache off, so no budget's compile is served another's artifact;
 - checkmate: ``checkmate.optimize`` at a budget in bytes, of a wrapper whose ``forward``
   runs the model and the workload's criterion (:class:`WithLoss`): the logits and the loss's
   temporaries are then inside the planned graph, as when a user optimizes a model that
@@ -15,6 +19,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any, cast
@@ -31,6 +36,7 @@ __all__ = [
     "prepare_checkmate",
     "prepare_checkpoint",
     "prepare_eager",
+    "prepare_inductor",
     "prepare_pt_budget",
     "rockmate_status",
 ]
@@ -86,6 +92,39 @@ def prepare_pt_budget(budget: float) -> Callable[[nn.Module, Workload], Step]:
     return prepare
 
 
+def prepare_inductor(budget: float | None) -> Callable[[nn.Module, Workload], Step]:
+    """``torch.compile`` (Inductor) of :class:`WithLoss`, at PyTorch's
+    ``activation_memory_budget=budget`` (None: no budget, the config as it is).
+
+    The returned step has run once (forward and backward: Inductor compiles the backward at
+    its first call) under the budget's config, so both halves are compiled; later calls run
+    without patching the config (no per-step cost). With a budget, Inductor's FX-graph cache
+    and AOTAutograd's cache are off for that first call: neither is read nor written, so a
+    budget's compile is never another budget's cached artifact. The caller resets Dynamo
+    before (a fresh model of the same class would otherwise reuse a graph compiled for
+    another budget: the budget is not part of Dynamo's guards).
+    """
+
+    def prepare(model: nn.Module, wl: Workload) -> Step:
+        args = (*wl.inputs, *wl.batch)
+        compiled = cast(nn.Module, torch.compile(WithLoss(model, wl), dynamic=False))
+        patches: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if budget is not None:
+            stack = contextlib.ExitStack()
+            stack.enter_context(
+                torch._functorch.config.patch(activation_memory_budget=budget, enable_autograd_cache=False)
+            )
+            stack.enter_context(torch._inductor.config.patch(fx_graph_cache=False))
+            patches = stack
+        with patches:
+            model.zero_grad(set_to_none=True)
+            compiled(*args).backward()
+            model.zero_grad(set_to_none=True)
+        return functools.partial(compiled, *args)
+
+    return prepare
+
+
 class WithLoss(nn.Module):
     """``model`` and the workload's criterion in one ``forward`` returning the loss.
 
@@ -108,18 +147,29 @@ class WithLoss(nn.Module):
 
 
 def prepare_checkmate(
-    budget: int, strategy: str, time_limit: float, notes: list[str]
+    budget: int | float,
+    strategy: str,
+    time_limit: float,
+    notes: list[str],
+    *,
+    compiler: str = "aot",
+    built: list[nn.Module] | None = None,
 ) -> Callable[[nn.Module, Workload], Step]:
-    """``checkmate.optimize`` of :class:`WithLoss` at ``budget`` bytes, planned on the
-    step's inputs and batch, so the plan sees the whole step (model, loss, backward) the
-    budget is measured on; a line per plan (strategy, simulated peak, recomputes, planned
-    compute) is appended to ``notes``."""
+    """``checkmate.optimize`` of :class:`WithLoss` at ``budget`` (bytes, or a fraction),
+    planned on the step's inputs and batch, so the plan sees the whole step (model, loss,
+    backward) the budget is measured on; a line per plan (strategy, simulated peak,
+    recomputes, planned compute) is appended to ``notes``; the optimized module is appended
+    to ``built`` (for :func:`checkmate.plans_of` after it has run)."""
 
     def prepare(model: nn.Module, wl: Workload) -> Step:
         from checkmate.api import optimize, plans_of
 
         args = (*wl.inputs, *wl.batch)
-        opt = optimize(WithLoss(model, wl), budget, args, strategy=strategy, time_limit=time_limit)
+        opt = optimize(
+            WithLoss(model, wl), budget, args, strategy=strategy, time_limit=time_limit, compiler=compiler
+        )
+        if built is not None:
+            built.append(opt)
         for rec in plans_of(opt):
             res = rec.result
             cost = (res.cost or 0.0) / rec.joint.graph.total_cost - 1.0 if rec.joint.graph.total_cost else 0.0

@@ -1,4 +1,5 @@
-"""Smoke test of ``benchmarks.peers`` on a tiny CNN: every method runs, is measured, is reported."""
+"""Smoke test of ``benchmarks.peers`` on a tiny CNN: every method runs, is measured, is reported;
+the verdicts and reports of ``benchmarks.peers_compile`` on given rows, and its Llama workload."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from benchmarks import peers, peers_report  # noqa: E402
+from benchmarks import peers, peers_compile, peers_compile_report, peers_report  # noqa: E402
+from benchmarks.csvio import read_rows  # noqa: E402
+from benchmarks.models import llama_workload  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +95,68 @@ def test_reports(rows: list[peers.Row], tmp_path: Path) -> None:
     assert md.count("| pt-budget |") == 2 and "| rockmate |" in md
     assert paths[3].stat().st_size > 10_000  # a rendered PNG
     assert peers_report.render(tmp_path, "p")[0].read_text() == md
+
+
+# ---------------------------------------------------------------- bench-peers-compile (no compiles:
+# its Inductor builds take minutes on CPU; the report's verdicts and the Llama workload are checked)
+
+
+def _crow(method: str, knob: str = "", target: str = "", **kw: object) -> peers_compile.Row:
+    base: dict[str, object] = {
+        "peak": 100,
+        "step_s": 0.01,
+        "overhead": 0.0,
+        "spread": 0.005,
+        "grads_ok": True,
+    }
+    return peers_compile.Row(model="m", method=method, knob=knob, target=target, **{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_compile_verdicts_show_misses() -> None:
+    rows = [
+        _crow("compile", overhead=0.004),
+        _crow("pt-budget", "0.4", peak=60, overhead=0.20),
+        _crow("pt-budget", "0.6", peak=80, overhead=0.10),
+        _crow("pt-budget", "0.8", peak=90, overhead=0.05),
+        _crow("pt-budget", "1", peak=100, overhead=0.0),
+        _crow("checkmate", "60 B", "pt 0.4", budget=60, peak=61, overhead=0.08, planned=0.07),  # yes
+        _crow("checkmate", "80 B", "pt 0.6", budget=80, peak=90, overhead=0.05),  # more memory
+        _crow("checkmate", "90 B", "pt 0.8", status="no plan: InfeasibleBudgetError: x"),
+        _crow("checkmate", "100 B", "pt 1", budget=100, peak=100, overhead=0.03),  # slower
+        _crow("checkmate", "1", "1.0", overhead=0.015),  # within the 2% noise floor
+    ]
+    got = {point: (met, line) for point, met, line in peers_compile_report.verdicts(rows)}
+    assert [p for p in got] == ["pt 0.4", "pt 0.6", "pt 0.8", "pt 1", "1.0"]
+    assert got["pt 0.4"][0] and got["1.0"][0]
+    assert not got["pt 0.6"][0] and "1.125x" in got["pt 0.6"][1]
+    assert not got["pt 0.8"][0] and "no plan" in got["pt 0.8"][1]
+    assert not got["pt 1"][0] and got["pt 1"][1].endswith("slower")
+    rows[-1] = _crow("checkmate", "1", "1.0", overhead=0.05)
+    assert not dict((p, m) for p, m, _ in peers_compile_report.verdicts(rows))["1.0"]
+
+
+def test_compile_report_round_trips(tmp_path: Path) -> None:
+    rows = [
+        _crow("compile"),
+        _crow("pt-budget", "0.4", peak=60, overhead=0.2),
+        _crow("checkmate", "60 B", "pt 0.4", budget=60, peak=66, overhead=0.1, planned=0.05),
+        _crow("checkmate", "1", "1.0", status="failed: RuntimeError: boom", peak=None),
+    ]
+    cfg = peers_compile.Config(models=("resnet",), device="cpu", budgets=(0.4,))
+    info = peers_compile_report.RunInfo.now("test", 1.0, "cpu")
+    paths = peers_compile_report.write_all(rows, cfg, tmp_path, "pc", info)
+    assert read_rows(paths[0], peers_compile.Row) == rows
+    md = paths[2].read_text()
+    assert md.count("| checkmate |") == 2
+    assert "Verdicts: 0 of 2 met." in md and "(1.100x)" in md and "failed: RuntimeError: boom" in md
+    assert paths[3].stat().st_size > 10_000
+    assert peers_compile_report.render(tmp_path, "pc")[0].read_text() == md
+
+
+def test_llama_workload_trains_on_a_device() -> None:
+    wl = llama_workload("tiny", batch=2, seq=16).to("cpu")
+    model = wl.build(0.0)
+    loss = wl.loss(model)
+    loss.backward()
+    assert loss.item() > 0 and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    assert len(wl.blocks(model)) == 2 and wl.inputs[0] is wl.batch[0]
