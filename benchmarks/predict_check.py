@@ -200,7 +200,13 @@ def measure(args: argparse.Namespace, predicted: dict[str, Any]) -> list[dict[st
         t0 = time.perf_counter()
         try:
             opt = checkmate.optimize(
-                model, nbytes, (ids,), profile=args.profile, time_limit=args.time_limit, fullgraph=True
+                model,
+                nbytes,
+                (ids,),
+                profile=args.profile,
+                time_limit=args.time_limit,
+                fullgraph=True,
+                compiler="aot",  # the graph the fake trace predicts (Inductor's decomposes further)
             )
         except checkmate.CheckmateError as exc:
             rows.append(

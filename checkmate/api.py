@@ -80,7 +80,7 @@ def optimize(
     plan: str | None = None,
     options: dict[str, Any] | None = None,
     fullgraph: bool = False,
-    compiler: str = "auto",
+    compiler: str = "aot",
 ) -> nn.Module:
     """Return ``model`` training within ``budget``, with the same gradients.
 
@@ -121,9 +121,9 @@ def optimize(
             exactly in the plan's order), ``"inductor"`` (Inductor compiles the planned
             forward and backward into fused kernels: faster steps, longer compiles, gradients
             equal to ``torch.compile``'s within rounding and dropout drawing Inductor's
-            random numbers; the plan is made with the compiled step's costs) or ``"auto"``
-            (Inductor for a model on CUDA, ``"aot"`` on CPU, where Inductor's C++ compile
-            takes tens of seconds per graph). See the README, "Compilers".
+            random numbers; the plan is made with the compiled step's costs). ``"aot"`` is
+            the default because its measured peak follows the plan; Inductor's buffers can
+            exceed it (see the README, "Compilers").
 
     A training call that plans nothing (Dynamo captured no graph, e.g. ``nn.LSTM`` without
     ``torch._dynamo.config.allow_rnn = True``) runs eagerly with no memory bound and issues

@@ -15,13 +15,19 @@ rule.
 The model, per node of the joint graph Inductor gives its partitioner:
 
 - a library or fallback kernel: the measured (or device-profile) cost, unchanged;
-- a generated op: ``(bytes written + bytes read by a reduction) / bandwidth``, with the
-  device's memory bandwidth (measured once per device, or the profile's). Views cost 0.
+- a generated op: the bytes it moves through memory over the device's bandwidth (measured
+  once per device, or the profile's): the inputs it reads from memory (the graph's inputs,
+  library kernels' outputs) and, when a library kernel or the graph's output reads its
+  result, writing that result (a kernel launch of its own too). A generated op whose
+  consumers are all generated is fused into them: its result never reaches memory, and
+  recomputing it inside its consumer's loop costs about its reads; it is charged at least
+  the write of its result, so that no recomputation is free. Views cost 0.
 """
 
 from __future__ import annotations
 
 import functools
+import operator
 import statistics
 import time
 from collections.abc import Sequence
@@ -33,13 +39,13 @@ import torch.fx as fx
 from checkmate.flops import _FLOPS, flat_tensors, tensor_span_bytes
 from checkmate.ops import is_view
 
-__all__ = ["is_library_kernel", "fused_costs", "memory_bandwidth"]
+__all__ = ["is_library_kernel", "fused_costs", "device_speed"]
 
 
 def is_library_kernel(target: Any) -> bool:
     """True when Inductor runs ``target`` as a kernel of its own (a library call such as a
     matrix product or convolution, or an eager fallback), not as generated, fusible code."""
-    heavy = _FLOPS.get(target)
+    heavy = _FLOPS.get(getattr(target, "overloadpacket", target))
     if heavy is not None and heavy[1]:
         return True
     from torch._inductor import lowering
@@ -50,66 +56,116 @@ def is_library_kernel(target: Any) -> bool:
     return target not in lowering.lowerings and packet not in lowering.lowerings
 
 
-def _traffic(node: fx.Node) -> int:
-    """Bytes a generated op moves: its outputs, plus its largest input when it reduces."""
-    outs = flat_tensors(node.meta.get("val"))
-    written = sum(tensor_span_bytes(t) for t in outs)
-    largest_in = max(
-        (tensor_span_bytes(t) for a in node.all_input_nodes for t in flat_tensors(a.meta.get("val"))),
-        default=0,
-    )
-    out_numel = sum(t.numel() for t in outs)
-    in_numel = max(
-        (t.numel() for a in node.all_input_nodes for t in flat_tensors(a.meta.get("val"))), default=0
-    )
-    return written + (largest_in if in_numel > out_numel else 0)
+def _bytes(node: fx.Node) -> int:
+    return sum(tensor_span_bytes(t) for t in flat_tensors(node.meta.get("val")))
 
 
-def fused_costs(nodes: Sequence[fx.Node], costs: Sequence[float], bandwidth: float) -> list[float]:
+def _through_views(nodes: Any, step: Any) -> list[fx.Node]:
+    """The non-view nodes reached from ``nodes`` through views (``step``: users or inputs)."""
+    out, todo, seen = [], list(nodes), set()
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "call_function" and (is_view(n.target) or n.target is operator.getitem):
+            todo.extend(step(n))
+        else:
+            out.append(n)
+    return out
+
+
+def _materialized(node: fx.Node) -> bool:
+    """Whether Inductor writes ``node``'s output to memory: a library kernel or the graph's
+    output reads it (a generated consumer fuses it into its own loop instead)."""
+    return any(
+        u.op == "output" or (u.op == "call_function" and is_library_kernel(u.target))
+        for u in _through_views(node.users, lambda n: n.users)
+    )
+
+
+def _generated_cost(node: fx.Node, bandwidth: float, launch: float) -> float:
+    """A generated op's seconds: reading the inputs that live in memory (inputs of the graph,
+    library kernels' outputs) and, when its output is materialized, writing it in a kernel
+    of its own."""
+    producers = _through_views(node.all_input_nodes, lambda n: n.all_input_nodes)
+    reads = sum(
+        _bytes(p)
+        for p in producers
+        if p.op == "placeholder" or (p.op == "call_function" and is_library_kernel(p.target))
+    )
+    write = _bytes(node) / bandwidth
+    if _materialized(node):
+        return reads / bandwidth + write + launch
+    # fused: free in the best case, but a recompute placed away from its consumer writes its
+    # result like any kernel; never 0, or a solver may recompute it without end
+    return max(reads / bandwidth, write)
+
+
+def fused_costs(
+    nodes: Sequence[fx.Node], costs: Sequence[float], bandwidth: float, launch: float = 0.0
+) -> list[float]:
     """The costs of ``nodes`` in the step Inductor compiles.
 
     Args:
         nodes: joint-graph nodes (``call_function`` nodes carry ``meta['val']``).
         costs: their costs as eager ops (measured or from a device profile), in order.
         bandwidth: device memory bytes/s.
+        launch: seconds a generated kernel costs beyond its memory traffic.
 
     Returns:
-        One cost per node: unchanged for library kernels, memory traffic for generated ops.
+        One cost per node: unchanged for library kernels, memory traffic for generated ops
+        (never more than the eager cost).
     """
     out: list[float] = []
     for node, cost in zip(nodes, costs, strict=True):
-        if node.op != "call_function" or cost == 0.0 or is_view(node.target):
-            out.append(cost)
-        elif is_library_kernel(node.target):
+        if (
+            node.op != "call_function"
+            or cost == 0.0
+            or is_view(node.target)
+            or is_library_kernel(node.target)
+        ):
             out.append(cost)
         else:
-            out.append(min(cost, _traffic(node) / bandwidth))
+            out.append(min(cost, _generated_cost(node, bandwidth, launch)))
     return out
 
 
-@functools.cache
-def _measured_bandwidth(device: str) -> float:
-    dev = torch.device(device)
-    n = (64 << 20) // 4  # 64 MiB of float32: well past the caches
-    src = torch.ones(n, device=dev)
-    dst = torch.empty_like(src)
+def _timed(fn: Any, dev: torch.device, repeat: int = 7) -> float:
     times = []
-    for _ in range(7):
+    for _ in range(repeat):
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         t = time.perf_counter()
-        dst.copy_(src)
+        fn()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         times.append(time.perf_counter() - t)
-    return 2 * src.nbytes / max(statistics.median(times[2:]), 1e-9)  # read + write
+    return statistics.median(times[2:])
 
 
-def memory_bandwidth(profile: str | None, device: torch.device | str) -> float:
-    """Memory bytes/s of the device: the profile's, or measured once per process (a copy of
-    64 MiB, read and write counted) when planning with measured costs."""
+@functools.cache
+def _measured_speed(device: str) -> tuple[float, float]:
+    dev = torch.device(device)
+    src = torch.ones((64 << 20) // 4, device=dev)  # 64 MiB of float32: well past the caches
+    dst = torch.empty_like(src)
+    bandwidth = 2 * src.nbytes / max(_timed(lambda: dst.copy_(src), dev), 1e-9)  # read + write
+    tiny = torch.ones(1, device=dev)
+
+    def launches() -> None:
+        for _ in range(100):
+            tiny.add_(1.0)
+
+    return bandwidth, _timed(launches, dev) / 100
+
+
+def device_speed(profile: str | None, device: torch.device | str) -> tuple[float, float]:
+    """The device's memory bandwidth (bytes/s) and the seconds one kernel launch costs: the
+    profile's, or measured once per process when planning with measured costs (a copy of
+    64 MiB, read and write counted; a hundred one-element kernels back to back)."""
     if profile is not None:
         from checkmate.profile import load_profile
 
-        return float(load_profile(profile).memory_bandwidth)
-    return _measured_bandwidth(str(device))
+        prof = load_profile(profile)
+        return float(prof.memory_bandwidth), float(prof.launch_overhead)
+    return _measured_speed(str(device))

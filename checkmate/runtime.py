@@ -7,8 +7,7 @@ partition function. Ours is the whole pipeline for one graph, one call a line:
     joint fx graph -> solvers.Graph (trace) -> per-op costs (profile) -> plan (cache / solve)
     -> forward and backward GraphModules (codegen)
 
-Two compilers run those modules (``Planner.compiler``; ``"auto"``, the default, picks
-Inductor for a graph on CUDA and ``"aot"`` otherwise):
+Two compilers run those modules (``Planner.compiler``):
 
 - ``"aot"``: as they are (boxed fx modules, one aten op at a time): the step executes exactly
   the plan's ops in the plan's order.
@@ -55,9 +54,9 @@ from solvers.schedule import PAGEIN, PAGEOUT, keep_all_peak
 __all__ = ["COMPILERS", "BudgetWarning", "PlanRecord", "Planner"]
 
 #: what compiles the planned forward and backward: ``"aot"`` runs them as fx modules,
-#: ``"inductor"`` compiles them with Inductor (see the module docstring), ``"auto"`` picks
-#: Inductor for a graph on a CUDA device and ``"aot"`` otherwise (README, "Compilers")
-COMPILERS = ("auto", "aot", "inductor")
+#: ``"inductor"`` compiles them with Inductor (see the module docstring and the README,
+#: "Compilers")
+COMPILERS = ("aot", "inductor")
 
 
 class BudgetWarning(UserWarning):
@@ -92,7 +91,7 @@ class Planner:
     time_limit: float | None = 30.0
     options: dict[str, Any] = field(default_factory=dict)
     plan_path: str | None = None
-    compiler: str = "auto"
+    compiler: str = "aot"
     records: list[PlanRecord] = field(default_factory=list)
     steps: dict[object, list[int]] = field(default_factory=dict)
     step: object = None
@@ -109,17 +108,10 @@ class Planner:
         self.step = signature
 
     def backend(self) -> Callable[..., Any]:
-        """A torch.compile backend running this planner's plans with its compiler (for
-        ``"auto"``, chosen per captured graph from its inputs' device)."""
-        aot = aot_autograd(fw_compiler=_as_is, bw_compiler=_as_is, partition_fn=self.partition)
-        inductor = _inductor_backend(self)
-
-        def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-            if self.compiler == "inductor" or (self.compiler == "auto" and _on_cuda(example_inputs)):
-                return inductor(gm, example_inputs)
-            return aot(gm, example_inputs)
-
-        return backend
+        """A torch.compile backend running this planner's plans with its compiler."""
+        if self.compiler == "inductor":
+            return _inductor_backend(self)
+        return aot_autograd(fw_compiler=_as_is, bw_compiler=_as_is, partition_fn=self.partition)  # type: ignore[no-any-return]
 
     def partition(
         self,
@@ -172,9 +164,9 @@ class Planner:
             with stage("profile", spent):
                 costs = profile_costs(joint, list(nodes), profile=self.profile, device=device)
                 if compiler == "inductor":  # the compiled step's: fused ops move bytes
-                    from checkmate.fusion import fused_costs, memory_bandwidth
+                    from checkmate.fusion import device_speed, fused_costs
 
-                    costs = fused_costs(nodes, costs, memory_bandwidth(self.profile, device))
+                    costs = fused_costs(nodes, costs, *device_speed(self.profile, device))
                 return costs
 
         def scratch(node: fx.Node) -> int:
@@ -369,10 +361,6 @@ def _cache_status(res: SolveResult, plan_path: str | None) -> str:
     if hit:
         return "hit"
     return "miss" if cache_enabled() or plan_path is not None else "disabled"
-
-
-def _on_cuda(example_inputs: Sequence[Any]) -> bool:
-    return any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
 
 
 def _device_of(gm: fx.GraphModule) -> torch.device:

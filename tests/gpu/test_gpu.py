@@ -38,8 +38,18 @@ def _peak(fn: Any) -> int:
     return measure_peak(fn)
 
 
+def _reference(eager: Any, compiler: str) -> Any:
+    """What the optimized step's gradients are compared with: eager PyTorch for ``aot``,
+    ``torch.compile`` without a budget for ``inductor`` (its dropout draws Inductor's random
+    numbers, not eager's)."""
+    if compiler == "aot":
+        return eager
+    return torch.compile(eager, dynamic=False)
+
+
+@pytest.mark.parametrize("compiler", ["aot", "inductor"])
 @pytest.mark.parametrize("fraction", [0.7, 0.5])
-def test_gpt2_on_cuda_fits_the_budget_with_equal_gradients(fraction: float) -> None:
+def test_gpt2_on_cuda_fits_the_budget_with_equal_gradients(fraction: float, compiler: str) -> None:
     import checkmate
 
     torch.manual_seed(0)
@@ -50,21 +60,57 @@ def test_gpt2_on_cuda_fits_the_budget_with_equal_gradients(fraction: float) -> N
     peak = _peak(lambda: _step(eager, idx))
     eager.zero_grad(set_to_none=True)
     budget = int(fraction * peak)
-    opt = checkmate.optimize(copy.deepcopy(eager), budget, time_limit=20)
+    opt = checkmate.optimize(copy.deepcopy(eager), budget, time_limit=20, compiler=compiler)
+    ref_model = _reference(eager, compiler)
     torch.manual_seed(1)
     loss = _step(opt, idx)
     torch.manual_seed(1)
-    ref = _step(eager, idx)
+    ref = _step(ref_model, idx)
     # cuBLAS may pick different kernels for the compiled and eager calls: tolerance, not bits
     assert torch.allclose(loss, ref, rtol=1e-5, atol=1e-6)
     for p, q in zip(opt.parameters(), eager.parameters()):
         assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    recs = checkmate.plans_of(opt)
+    assert {r.compiler for r in recs} == {compiler}
     opt.zero_grad(set_to_none=True)
     measured = _peak(lambda: _step(opt, idx))
-    sims = [r.result.peak for r in checkmate.plans_of(opt)]
+    sims = [r.result.peak for r in recs]
     print(
-        f"\nGPU {fraction:.0%}: eager {peak:,} B, budget {budget:,} B, measured {measured:,} B, simulated {sims}"
+        f"\nGPU {compiler} {fraction:.0%}: eager {peak:,} B, budget {budget:,} B, measured {measured:,} B, "
+        f"simulated {sims}"
     )
+    assert measured <= 1.05 * budget
+
+
+@pytest.mark.parametrize("fraction", [0.7, 0.5])
+def test_cnn_with_batchnorm_under_inductor_on_cuda(fraction: float) -> None:
+    import checkmate
+    from tests.integration import _models as M
+
+    torch.manual_seed(0)
+    model = M.SmallCNN(c=64, blocks=6).cuda()
+    x = torch.randn(32, 3, 64, 64, device="cuda")
+    ref = torch.compile(copy.deepcopy(model), dynamic=False)
+    opt = checkmate.optimize(copy.deepcopy(model), fraction, time_limit=20, compiler="inductor")
+
+    def step(m: Any) -> None:
+        m.zero_grad(set_to_none=True)
+        m(x).float().pow(2).mean().backward()
+
+    step(ref)
+    step(opt)
+    grads = {k.removeprefix("_orig_mod."): p.grad for k, p in ref.named_parameters()}
+    scale = max(g.abs().max().item() for g in grads.values())
+    for k, p in opt.named_parameters():
+        assert (p.grad - grads[k]).abs().max().item() <= 1e-3 * scale, k  # TF32 convolutions
+    ref_bn = dict(ref.named_buffers())
+    for k, b in opt.named_buffers():
+        assert torch.allclose(b, ref_bn["_orig_mod." + k], rtol=1e-4, atol=1e-5), k
+    recs = checkmate.plans_of(opt)
+    assert {r.compiler for r in recs} == {"inductor"}
+    budget = max(r.result.budget for r in recs)
+    measured = _peak(lambda: step(opt))
+    print(f"\nGPU CNN inductor {fraction:.0%}: budget {budget:,} B, measured {measured:,} B")
     assert measured <= 1.05 * budget
 
 

@@ -93,7 +93,7 @@ def test_unknown_compiler_is_refused_before_tracing() -> None:
         checkmate.optimize(model, 0.5, compiler="tvm")
 
 
-def test_auto_runs_aot_on_cpu() -> None:
+def test_the_default_compiler_is_aot() -> None:
     model, x = _cnn()
     opt = checkmate.optimize(model, 0.7, (x,), time_limit=10)
     assert [r.compiler for r in checkmate.plans_of(opt)] == ["aot"]
