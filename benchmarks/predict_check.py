@@ -40,21 +40,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.big_models import SMALL
+
 GiB, MiB = 2**30, 2**20
 
 #: per device: the model's shape, dtype and the profile planned with
 PRESETS: dict[str, dict[str, Any]] = {
-    "cuda": {
-        "hidden": 512,
-        "layers": 4,
-        "heads": 8,
-        "intermediate": 1376,
-        "vocab": 8000,
-        "batch": 4,
-        "seq": 512,
-        "dtype": "bfloat16",
-        "profile": "h100",
-    },
+    "cuda": {**SMALL, "profile": "h100"},  # big_models.small_llama's defaults
     "cpu": {
         "hidden": 128,
         "layers": 2,
