@@ -211,30 +211,52 @@ def _plan_once(
             assert result is not None
             return result  # the caller reports it (SolverError with the closest plan)
         raise CheckmateError(f"rank 0 found no plan for this graph within its budget ({payload})")
+    failed: str | None = None
     if rank != 0:
-        plan = plan_from_dict(payload, graph)  # PlanError when rank 0 traced another graph
-        if budget_bytes < 0:  # the budget "min": rank 0's least peak
-            budget_bytes = int(plan.doc["budget_bytes"])
-        sim = validate(graph, plan.schedule, budget_bytes)
-        doc = plan.doc
-        lower = doc.get("lower_bound")
-        result = SolveResult(
-            strategy=str(doc["strategy"]),
-            status=Status(str(doc["status"])),
-            budget=budget_bytes,
-            schedule=plan.schedule,
-            cost=sim.cost,
-            peak=sim.peak,
-            lower_bound=None if lower is None else float(lower),
-            info={**dict(doc.get("info") or {}), "cache": "rank 0"},
+        try:
+            result = _rebuild(graph, payload, budget_bytes)
+        except CheckmateError as exc:  # still joins the gather below: no rank is left waiting
+            failed = f"{type(exc).__name__}: {exc}"
+    sums: list[Any] = [None] * world
+    mine = ("error", failed) if failed is not None else ("hash", plan_hash(graph, _schedule(result)))
+    dist.all_gather_object(sums, mine)
+    errors = [f"rank {r}: {text}" for r, (kind, text) in enumerate(sums) if kind == "error"]
+    if errors:
+        raise PlanError(f"rank 0's plan could not be used on every rank ({'; '.join(errors)})")
+    if len({text for _, text in sums}) != 1:
+        raise PlanError(
+            f"ranks hold different plans for one graph (checksums {sorted({t for _, t in sums})}): their "
+            "graphs differ; make every rank trace the same model with the same input shapes"
         )
     assert result is not None
-    assert result.schedule is not None
-    sums: list[Any] = [None] * world
-    dist.all_gather_object(sums, plan_hash(graph, result.schedule))
-    if len(set(sums)) != 1:
-        raise PlanError(
-            f"ranks hold different plans for one graph (checksums {sorted(set(sums))}): their graphs "
-            "differ; make every rank trace the same model with the same input shapes"
-        )
     return result
+
+
+def _schedule(result: SolveResult | None) -> Schedule:
+    assert result is not None and result.schedule is not None
+    return result.schedule
+
+
+def _rebuild(graph: Graph, payload: dict[str, Any], budget_bytes: int) -> SolveResult:
+    """Rank 0's plan document as this rank's result for ``graph``, re-validated.
+
+    Raises:
+        PlanError: rank 0 traced another graph.
+        ScheduleError: its schedule does not fit ``budget_bytes`` on this graph.
+    """
+    plan = plan_from_dict(payload, graph)  # PlanError when rank 0 traced another graph
+    if budget_bytes < 0:  # the budget "min": rank 0's least peak
+        budget_bytes = int(plan.doc["budget_bytes"])
+    sim = validate(graph, plan.schedule, budget_bytes)
+    doc = plan.doc
+    lower = doc.get("lower_bound")
+    return SolveResult(
+        strategy=str(doc["strategy"]),
+        status=Status(str(doc["status"])),
+        budget=budget_bytes,
+        schedule=plan.schedule,
+        cost=sim.cost,
+        peak=sim.peak,
+        lower_bound=None if lower is None else float(lower),
+        info={**dict(doc.get("info") or {}), "cache": "rank 0"},
+    )

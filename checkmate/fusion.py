@@ -42,6 +42,7 @@ from checkmate.ops import is_view
 __all__ = ["is_library_kernel", "fused_costs", "device_speed"]
 
 
+@functools.cache
 def is_library_kernel(target: Any) -> bool:
     """True when Inductor runs ``target`` as a kernel of its own (a library call such as a
     matrix product or convolution, or an eager fallback), not as generated, fusible code."""

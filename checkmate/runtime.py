@@ -228,7 +228,8 @@ class Planner:
             if got is not None:
                 return got[0], None, got[1]
             if self.budget.nbytes is not None:
-                solve = lambda g, b: self._cached(g, b, profile_id)  # noqa: E731
+                # through plan_once: ranks must agree on whether it planned ahead (a collective follows)
+                solve = lambda g, b: plan_once(g, nbytes, lambda: self._cached(g, b, profile_id))  # noqa: E731
                 ahead = plan_ahead(graph, ref, self.records, family, nbytes, solve)
                 if ahead is not None:
                     return ahead, None, None

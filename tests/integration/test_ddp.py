@@ -123,3 +123,31 @@ def test_ddp_around_an_optimized_model_trains_like_eager_ddp_within_the_budget(
     assert all(c != "rank 0" for c in ranks[0]["cache"])
     assert ranks[1]["cache"] == ["rank 0"] * len(ranks[1]["cache"]), "rank 1 planned on its own"
     assert ranks[0]["hashes"] == ranks[1]["hashes"] and ranks[0]["hashes"]
+
+
+def _mismatch_worker(rank: int, port: int, out: str) -> None:
+    from checkmate.distributed import plan_once
+    from solvers import solve
+    from solvers.budget import Budget
+    from solvers.errors import PlanError
+    from tests.graphs import chain
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # a short timeout: a rank left waiting in a collective fails the test instead of hanging it
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=30))
+    graph = chain(6, mem=1 + rank)  # rank 1 traced another graph (other sizes)
+    try:
+        plan_once(graph, 10**6, lambda: solve(graph, Budget(nbytes=10**6), "checkpoint-all"))
+        text = "no error"
+    except PlanError as exc:
+        text = str(exc)
+    finally:
+        torch.distributed.destroy_process_group()
+    Path(out, f"rank{rank}.txt").write_text(text)
+
+
+def test_a_rank_that_cannot_use_rank_0s_plan_fails_every_rank_at_once(tmp_path: Path) -> None:
+    torch.multiprocessing.spawn(_mismatch_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD)
+    for r in range(WORLD):
+        text = (tmp_path / f"rank{r}.txt").read_text()
+        assert "rank 1: PlanError" in text and "fingerprint mismatch" in text, f"rank {r}: {text}"
