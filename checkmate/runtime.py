@@ -60,8 +60,10 @@ COMPILERS = ("aot", "inductor")
 
 
 class BudgetWarning(UserWarning):
-    """A graph was planned above the fraction asked: the fraction is infeasible for it, and
-    it is too small a part of its step to set the step's peak (see :meth:`Planner.partition`)."""
+    """The budget may not hold as asked: a graph was planned above the fraction asked (the
+    fraction is infeasible for it, and it is too small a part of its step to set the step's
+    peak, see :meth:`Planner.partition`), or ``compiler="inductor"`` runs the step with
+    buffers of Inductor's own, whose peak the plan does not bound exactly."""
 
 
 @dataclass

@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 import checkmate  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
+from checkmate.runtime import BudgetWarning  # noqa: E402
 from solvers.errors import CheckmateError  # noqa: E402
 from tests.integration import _models as M  # noqa: E402
 
@@ -71,7 +72,8 @@ def test_inductor_step_matches_torch_compile_within_the_budget(
     references: dict[str, Any], name: str, fraction: float
 ) -> None:
     model, x, ref_grads, ref_buffers = references[name]
-    opt = checkmate.optimize(copy.deepcopy(model), fraction, compiler="inductor", time_limit=20)
+    with pytest.warns(BudgetWarning, match="compiler='inductor'"):
+        opt = checkmate.optimize(copy.deepcopy(model), fraction, compiler="inductor", time_limit=20)
     grads = _grads(opt, x)
     _assert_close(grads, ref_grads)
     # BatchNorm's running statistics moved once, as in torch.compile's step
