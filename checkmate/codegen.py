@@ -10,7 +10,9 @@ Memory follows the plan because fx's Python codegen drops each local right after
 use (``x = None``), and both modules use the boxed calling convention (they clear their
 argument list), so a saved value dies at its last read in the backward, not at the end.
 A view or ``getitem`` is recreated on demand from the current copy of its base: it costs
-nothing and allocates nothing.
+nothing and allocates nothing. A fused op folded into its readers (planning for Inductor,
+see :mod:`checkmate.trace`) is recreated the same way inside each reader, and forgotten
+after it, so Inductor fuses every copy into its reader's kernel.
 
 The layout is the one AOTAutograd's partitioners produce: forward ``(primals...) ->
 (*forward_outputs, *saved)``, backward ``(*saved, *tangents) -> (*gradients)``.
@@ -101,9 +103,14 @@ class _Emitter:
         self.group_nodes: dict[int, list[fx.Node]] = {}
         for name, g in jg.group.items():
             self.group_nodes.setdefault(g, []).append(by_name[name])
+        self.folded = frozenset(by_name[name] for name in jg.folded)
+        self.scoped: list[fx.Node] = []  # folded values made for the node being emitted
 
     def compute(self, i: int) -> None:
         """Emit graph node ``i`` (a fresh copy: earlier copies' views become stale)."""
+        for x in self.scoped:  # folded ops are recomputed inside each reader, never kept
+            self.env.pop(x, None)
+        self.scoped.clear()
         self.computed.add(i)
         if not self.jg.members[i]:  # scratch space or the sink: nothing to run
             return
@@ -168,6 +175,8 @@ class _Emitter:
             if g is not None and (self.jg.members[g] == (n.name,) or n.name in self.inplace_adds):
                 raise AssertionError(f"the plan reads {n.name}, which is not resident")
             v = self.graph.node_copy(n, self.get)
+            if n in self.folded:
+                self.scoped.append(n)
         self.env[n] = v
         return v
 

@@ -37,9 +37,9 @@ import torch
 import torch.fx as fx
 
 from checkmate.flops import _FLOPS, flat_tensors, tensor_span_bytes
-from checkmate.ops import is_view
+from checkmate.ops import is_mutation, is_random, is_view, writes_input
 
-__all__ = ["is_library_kernel", "fused_costs", "device_speed"]
+__all__ = ["is_library_kernel", "fusible", "fused_costs", "device_speed"]
 
 
 @functools.cache
@@ -55,6 +55,19 @@ def is_library_kernel(target: Any) -> bool:
         return True
     packet = getattr(target, "overloadpacket", None)
     return target not in lowering.lowerings and packet not in lowering.lowerings
+
+
+def fusible(node: fx.Node) -> bool:
+    """Whether Inductor generates ``node``'s code and can fuse it into the kernel that reads
+    its result: a ``call_function`` with one tensor output that is no view, no library
+    kernel, draws no randomness and writes no input (the candidates
+    :func:`checkmate.trace.build_graph` folds into their readers)."""
+    if node.op != "call_function" or node.target is operator.getitem or is_view(node.target):
+        return False
+    target = node.target
+    if is_library_kernel(target) or is_random(target) or is_mutation(target) or writes_input(target):
+        return False
+    return isinstance(node.meta.get("val"), torch.Tensor)
 
 
 def _bytes(node: fx.Node) -> int:

@@ -33,6 +33,16 @@ Modelling choices (the simulator's memory must match what the runtime allocates)
   accumulates it: the sum is folded into that addend's node, which reads the other addend
   too, so the step holds two vocabulary-sized tensors, not three. Addition commutes, so
   the sum is bitwise the one the functional graph computes.
+- Fused ops (only when planning for Inductor, ``fuse``): Inductor compiles pointwise code
+  into the kernel that reads it, so such an op's result never reaches memory, and a
+  recompute costs its memory traffic inside the reader's loop. An op Inductor generates
+  code for, read by at most four ops that are all generated code too (a library kernel
+  such as a matrix product reads a buffer), that is not an output, reads no mutated state,
+  and whose inputs hold no more bytes than its output, is therefore no node: like a view
+  of a placeholder it is recreated inside every reader, which reads its inputs instead and
+  pays its cost (the partitioner in ``torch/_functorch/partitioners.py`` likewise
+  recomputes fusible ops rather than saving them). The plan cannot keep such an op, which
+  costs no memory: keeping its inputs holds no more.
 - Backward nodes are the ops that depend on a tangent, and the ops that only the backward
   reads (moved to right before their first reader; see :func:`checkmate.placement.backward_only`); node ids
   list every forward node before every backward node, so a schedule splits into a forward
@@ -81,6 +91,8 @@ class JointGraph:
         mutated: names of the primals the step mutates (BatchNorm running statistics).
         inplace: fx node name of an addend -> the gradient ``add`` computed in place into it
             right after it (see :func:`checkmate.placement.accumulates_into`).
+        folded: names of the fused ops folded into their readers, and of views of them
+            (codegen recomputes them inside each reader, never keeps them).
     """
 
     graph: Graph
@@ -91,6 +103,7 @@ class JointGraph:
     calls: dict[str, tuple[str, Any]] = field(default_factory=dict)
     mutated: frozenset[str] = frozenset()
     inplace: dict[str, str] = field(default_factory=dict)
+    folded: frozenset[str] = frozenset()
 
     @property
     def sink(self) -> int:
@@ -171,6 +184,84 @@ def _root(node: fx.Node, base: dict[fx.Node, fx.Node | None]) -> fx.Node:
     return node
 
 
+#: a fused op read by more ops than this is kept as a node of its own (Inductor writes a
+#: buffer read by many kernels rather than recomputing it in each)
+_MAX_FOLDED_READERS = 4
+
+
+def _read_by(outputs: Sequence[fx.Node]) -> set[fx.Node]:
+    """``outputs`` and every node they alias (through views and ``getitem``)."""
+    seen: set[fx.Node] = set()
+    todo = list(outputs)
+    while todo:
+        o = todo.pop()
+        if o in seen:
+            continue
+        seen.add(o)
+        first = o.args[0] if o.op == "call_function" and o.args else None
+        if isinstance(first, fx.Node) and (is_view_node(o) or o.target is operator.getitem):
+            todo.append(first)
+    return seen
+
+
+def _readers(n: fx.Node) -> list[fx.Node]:
+    """The nodes that read ``n``'s value, looking through views and ``getitem``."""
+    out, todo = [], list(n.users)
+    while todo:
+        u = todo.pop()
+        if u.op == "call_function" and (is_view_node(u) or u.target is operator.getitem):
+            todo.extend(u.users)
+        else:
+            out.append(u)
+    return out
+
+
+def _touches(n: fx.Node, mutated: set[fx.Node], base: dict[fx.Node, fx.Node | None]) -> bool:
+    """Whether ``n`` reads a mutated primal, directly or through nodes of no owner."""
+    todo, seen = list(n.all_input_nodes), set()
+    while todo:
+        a = todo.pop()
+        if a in seen:
+            continue
+        seen.add(a)
+        if a in mutated:
+            return True
+        if a.op == "call_function" and base.get(a) is None:
+            todo.extend(a.all_input_nodes)
+    return False
+
+
+def _folded_into(
+    args: Sequence[fx.Node],
+    inlined: set[fx.Node],
+    base: dict[fx.Node, fx.Node | None],
+    multi: set[fx.Node],
+) -> set[fx.Node]:
+    """The folded ops an op with inputs ``args`` runs (reached through views and other
+    folded ops)."""
+    out: set[fx.Node] = set()
+    todo, seen = list(args), set()
+    while todo:
+        a = todo.pop()
+        if a in seen or a.op != "call_function" or base.get(a) is not None or a in multi:
+            continue
+        seen.add(a)
+        if a in inlined:
+            out.add(a)
+        todo.extend(a.all_input_nodes)
+    return out
+
+
+def _on_folded(n: fx.Node, inlined: set[fx.Node], base: dict[fx.Node, fx.Node | None]) -> bool:
+    """Whether ``n`` (a node of no owner) is a folded op or a view of one."""
+    while n not in inlined:
+        first = n.args[0] if n.args else None
+        if not isinstance(first, fx.Node) or first.op != "call_function" or base.get(first) is not None:
+            return False
+        n = first
+    return True
+
+
 def _tensor_bytes(val: object) -> int:
     """Bytes a traced value allocates: tensors (their storage) and tuples/lists of them."""
     if isinstance(val, torch.Tensor):
@@ -194,6 +285,7 @@ def build_graph(
     costs: Callable[[Sequence[fx.Node]], Sequence[float]],
     *,
     scratch: Callable[[fx.Node], int] | None = None,
+    fuse: Callable[[fx.Node], bool] | None = None,
     name: str = "",
 ) -> JointGraph:
     """Model the joint graph ``gm`` as a :class:`solvers.Graph`.
@@ -205,6 +297,9 @@ def build_graph(
         costs: seconds per fx node for a list of compute nodes (e.g. a profiler).
         scratch: bytes of scratch space an op allocates and frees while it runs (beyond
             its outputs), or None to assume none.
+        fuse: for a compiler that fuses generated code into its readers (Inductor): whether
+            an op is such code (:func:`checkmate.fusion.fusible`). Those ops are folded into
+            their readers (see "Fused ops" in the module docstring); None folds nothing.
         name: the graph's name.
 
     Returns:
@@ -230,6 +325,36 @@ def build_graph(
     owners: list[fx.Node] = []
     call_of: dict[fx.Node, fx.Node] = {}  # getitem owner -> its multi-output call
     multi: set[fx.Node] = set()
+    inlined: set[fx.Node] = set()  # fused ops folded into their readers
+    pinned = _read_by(flat_out)  # an output (or a view of one) is held: never folded
+    sources: dict[fx.Node, frozenset[fx.Node]] = {}  # a node of no owner -> owners it reads
+
+    def reads(a: fx.Node) -> frozenset[fx.Node]:
+        """The owners whose values ``a`` is made of (``a`` itself when it owns storage)."""
+        b = base.get(a)
+        if b is not None:
+            return frozenset((b,))
+        if a.op != "call_function" or a in multi:
+            return frozenset()
+        got = sources.get(a)
+        if got is None:
+            got = sources[a] = frozenset().union(*(reads(x) for x in a.all_input_nodes))
+        return got
+
+    def folds(n: fx.Node) -> bool:
+        """Whether ``n`` is fused code to fold into its readers: every reader is fused code
+        too (a library kernel reads a buffer from memory), few read it (Inductor writes a
+        buffer read many times), the owners it reads hold no more than its own output
+        (keeping them instead of it costs no memory), it reads no state the step mutates (a
+        reader after the mutation would see the new value), and it is no output."""
+        if fuse is None or n in pinned or len(n.users) > _MAX_FOLDED_READERS or not fuse(n):
+            return False
+        if _touches(n, mutated, base) or not all(fuse(u) for u in _readers(n)):
+            return False
+        out = _tensor_bytes(n.meta.get("val"))
+        held = sum(_tensor_bytes(b.meta.get("val")) for b in reads(n))
+        return held <= out + out // 64
+
     for n in nodes:
         if n.op == "placeholder":
             # a tangent is allocated by autograd when the backward starts and dies at its
@@ -267,19 +392,24 @@ def build_graph(
         ):
             base[n] = None  # its outputs are the nodes (see the module docstring)
             multi.add(n)
+        elif folds(n):
+            base[n] = None  # recomputed inside each reader: no node, no storage
+            inlined.add(n)
         else:
             base[n] = n
             owners.append(n)
 
     inputs: dict[fx.Node, set[fx.Node]] = {o: set() for o in owners}  # owner -> owners it reads
+    folded: dict[fx.Node, set[fx.Node]] = {o: set() for o in owners}  # owner -> folded ops it runs
     for n in nodes:
         o = base.get(n)
         if n.op != "call_function" or o is None:
             continue
-        for a in call_of[n].all_input_nodes if n in call_of else n.all_input_nodes:
-            b = base.get(a)
-            if b is not None and b is not o:
-                inputs[o].add(b)
+        args = call_of[n].all_input_nodes if n in call_of else n.all_input_nodes
+        for a in args:
+            inputs[o].update(b for b in reads(a) if b is not o)
+        if inlined:
+            folded[o].update(_folded_into(args, inlined, base, multi))
 
     held_owners = {b for o in fwd_outputs if (b := base.get(o)) is not None}
     # an op reading an input the step mutates would read the new value if recomputed after
@@ -310,10 +440,15 @@ def build_graph(
     gid = {o: i for i, o in enumerate(ordered)}
     ops = [call_of.get(o, o) for o in ordered]
     fused = [o for o in ordered if o in inplace]
-    timed = list(costs(ops + [inplace[o] for o in fused]))
+    folded_ops = [n for n in nodes if n in inlined]
+    timed = list(costs(ops + [inplace[o] for o in fused] + folded_ops))
     seconds = dict(zip(ordered, timed[: len(ops)]))
-    for o, extra in zip(fused, timed[len(ops) :]):
+    for o, extra in zip(fused, timed[len(ops) : len(ops) + len(fused)]):
         seconds[o] += extra
+    if folded_ops:
+        each = dict(zip(folded_ops, timed[len(ops) + len(fused) :]))
+        for o in ordered:  # a folded op runs again inside every reader
+            seconds[o] = seconds.get(o, 0.0) + sum(each[x] for x in folded[o])
     preds: dict[fx.Node, set[int]] = {o: {gid[b] for b in inputs[o]} for o in ordered}
     held = {gid[b] for b in held_owners}
     forward_required = {gid[o] for o in once} | held
@@ -381,4 +516,12 @@ def build_graph(
         calls=calls,
         mutated=frozenset(p.name for p in mutated),
         inplace={x.name: a.name for x, a in inplace.items()},
+        folded=frozenset(
+            n.name
+            for n in nodes
+            if n.op == "call_function"
+            and base.get(n) is None
+            and n not in multi
+            and _on_folded(n, inlined, base)
+        ),
     )
