@@ -1,0 +1,157 @@
+"""Fused ops folded into their readers (``build_graph(..., fuse=fusible)``, Inductor's model).
+
+An op Inductor generates code for, read only by generated code, is recomputed inside each
+reader instead of being a node: the plan can neither keep it nor count bytes for it. These
+tests check the graph model (which ops fold, what their readers read and cost) and that the
+modules codegen makes from it compute what the unfolded ones do.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.fx as fx  # noqa: E402
+from torch import nn  # noqa: E402
+
+from checkmate.codegen import generate  # noqa: E402
+from checkmate.fusion import fusible, is_library_kernel  # noqa: E402
+from checkmate.ops import is_view_node  # noqa: E402
+from checkmate.trace import JointGraph, build_graph  # noqa: E402
+from solvers.schedule import keep_all_peak, schedule_from_order  # noqa: E402
+from tests.integration.test_trace import _joint, _num_fwd  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+class _TanhGelu(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class _Gated(nn.Module):
+    """``a(x) * b(x)``: the product reads two activations as large as itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(16, 32), nn.Linear(16, 32), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(torch.tanh(self.a(x) * self.b(x)))
+
+
+class _Twice(nn.Module):
+    """``exp(a(x))`` read by two ops that each feed a matrix product."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(16, 32), nn.Linear(32, 8), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = torch.exp(self.a(x))
+        return self.b(z + 1.0) + self.c(z * 2.0)
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), _TanhGelu(), nn.Linear(64, 16), _TanhGelu())
+
+
+def _folded(gm: fx.GraphModule) -> JointGraph:
+    return build_graph(copy.deepcopy(gm), _num_fwd(gm), lambda nodes: [1.0] * len(nodes), fuse=fusible)
+
+
+def _readers(n: fx.Node) -> list[fx.Node]:
+    out, todo = [], list(n.users)
+    while todo:
+        u = todo.pop()
+        if is_view_node(u) or u.target is operator.getitem:
+            todo.extend(u.users)
+        else:
+            out.append(u)
+    return out
+
+
+def _run(gm: fx.GraphModule, jg: JointGraph, seed: int = 0) -> list[torch.Tensor]:
+    """Forward outputs and gradients of the keep-all plan's modules on fixed random values."""
+    mods = generate(gm, jg, schedule_from_order(jg.graph, range(jg.graph.n)))
+    gen = torch.Generator().manual_seed(seed)
+    phs = [p for p in gm.graph.nodes if p.op == "placeholder"]
+    vals = {p.name: torch.randn(p.meta["val"].shape, generator=gen, dtype=p.meta["val"].dtype) for p in phs}
+    with torch.no_grad():
+        outs = list(mods.forward([vals[p.name] for p in phs if p.name.startswith("primals")]))
+        n_out = jg.num_fwd_outputs
+        grads = mods.backward(outs[n_out:] + [vals[p.name] for p in phs if p.name.startswith("tangents")])
+    return outs[:n_out] + [g for g in grads if g is not None]
+
+
+def test_pointwise_chains_fold_into_generated_readers_only() -> None:
+    gm, plain = _joint(_mlp(), torch.randn(32, 16))
+    jg = _folded(gm)
+    assert jg.folded and jg.graph.n < plain.graph.n
+    by_name = {n.name: n for n in gm.graph.nodes}
+    keys = set(jg.graph.ext_ids())
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    for name in jg.folded:
+        n = by_name[name]
+        assert name not in keys and name not in jg.group
+        if is_view_node(n):
+            continue
+        assert fusible(n), name
+        readers = _readers(n)
+        assert out_node not in readers, f"{name} is an output, yet folded"
+        assert not any(r.op == "call_function" and is_library_kernel(r.target) for r in readers), (
+            f"{name} is read by a library kernel, which reads buffers: it must stay a node"
+        )
+    # the matrix products read the GELU's result: that result is a node, not folded
+    mms = [n for n in gm.graph.nodes if n.op == "call_function" and is_library_kernel(n.target)]
+    assert mms and all(a.name not in jg.folded for m in mms for a in m.all_input_nodes if not is_view_node(a))
+    # a reader pays for every folded op it recomputes (unit costs here)
+    assert max(jg.graph.cost) > 1.0
+    assert jg.graph.cost.sum() >= plain.graph.cost.sum() - len(jg.folded)
+
+
+def test_folding_holds_less_and_computes_the_same() -> None:
+    gm, plain = _joint(_mlp(), torch.randn(32, 16))
+    jg = _folded(gm)
+    # keep-all no longer holds the GELU's intermediates, only what they are made of
+    assert keep_all_peak(jg.graph) < keep_all_peak(plain.graph)
+    got, ref = _run(gm, jg), _run(gm, plain)
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        assert torch.equal(g, r)
+
+
+def test_folded_ops_are_recomputed_inside_each_reader() -> None:
+    torch.manual_seed(0)
+    gm, plain = _joint(_Twice(), torch.randn(32, 16))
+    jg = _folded(gm)
+    exps = [n.name for n in gm.graph.nodes if n.target is torch.ops.aten.exp.default]
+    assert exps and set(exps) <= jg.folded
+    mods = generate(gm, jg, schedule_from_order(jg.graph, range(jg.graph.n)))
+    assert not set(mods.saved) & jg.folded, "a folded op is never passed from forward to backward"
+    # each of the two forward readers runs its own exp (one shared copy would be a buffer
+    # alive from the first reader to the last, which the plan does not count)
+    fwd_exps = [n for n in mods.forward.graph.nodes if n.target is torch.ops.aten.exp.default]
+    assert len(fwd_exps) == 2
+    for g, r in zip(_run(gm, jg), _run(gm, plain)):
+        assert torch.equal(g, r)
+
+
+def test_an_op_whose_inputs_hold_more_than_its_output_stays_a_node() -> None:
+    gm, _ = _joint(_Gated(), torch.randn(32, 16))
+    jg = _folded(gm)
+    prods = [
+        n
+        for n in gm.graph.nodes
+        if n.target is torch.ops.aten.mul.Tensor
+        and sum(isinstance(a, fx.Node) and not is_view_node(a) for a in n.args) == 2
+        and not any(a.op == "placeholder" for a in n.all_input_nodes)
+    ]
+    forward_products = [n for n in prods if n.name in set(jg.graph.ext_ids())]
+    assert forward_products, "a(x) * b(x) reads two activations of its own size: a node"
+    assert not any(p.name in jg.folded for p in forward_products)
