@@ -175,12 +175,7 @@ class Planner:
             with stage("scratch", spent):
                 return scratch_bytes(node)
 
-        fuse = None
-        if compiler == "inductor":  # Inductor fuses generated code into its readers
-            from checkmate.fusion import fusible as fuse
-        jg = build_graph(
-            joint, num_fwd_outputs, costs, scratch=scratch, fuse=fuse, name=f"graph{len(self.records)}"
-        )
+        jg = build_graph(joint, num_fwd_outputs, costs, scratch=scratch, name=f"graph{len(self.records)}")
         with stage("scratch", spent):
             flush_scratch()  # the new scratch measurements, for the next process
         return jg
