@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import operator
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,13 @@ from solvers.schedule import keep_all_peak, schedule_from_order  # noqa: E402
 from tests.integration.test_trace import _joint, _num_fwd  # noqa: E402
 
 pytestmark = pytest.mark.torch
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Any:
+    """Each capture compiles a module; leave no cache entries to the tests after these."""
+    yield
+    torch._dynamo.reset()
 
 
 class _TanhGelu(nn.Module):

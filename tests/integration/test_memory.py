@@ -134,6 +134,10 @@ def test_allocator_sees_tensors_made_outside_the_dispatcher() -> None:
 
 
 def test_compiled_code_runs_compiled_under_the_default_tracker() -> None:
+    # Dynamo compiles every torch.compile'd module through one wrapper frame, whose cache
+    # holds 8 entries per process (config.recompile_limit); modules compiled by earlier
+    # tests would make this one run eagerly, so it starts from a fresh Dynamo
+    torch._dynamo.reset()
     calls: list[int] = []
 
     def backend(gm: torch.fx.GraphModule, example: object) -> object:
