@@ -9,7 +9,6 @@ modules codegen makes from it compute what the unfolded ones do.
 from __future__ import annotations
 
 import copy
-import operator
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from torch import nn  # noqa: E402
 from checkmate.codegen import generate  # noqa: E402
 from checkmate.fusion import fusible, is_library_kernel  # noqa: E402
 from checkmate.ops import is_view_node  # noqa: E402
-from checkmate.trace import JointGraph, build_graph  # noqa: E402
+from checkmate.trace import JointGraph, _readers, build_graph  # noqa: E402
 from solvers.schedule import keep_all_peak, schedule_from_order  # noqa: E402
 from tests.integration.test_trace import _joint, _num_fwd  # noqa: E402
 
@@ -71,17 +70,6 @@ def _mlp() -> nn.Module:
 
 def _folded(gm: fx.GraphModule) -> JointGraph:
     return build_graph(copy.deepcopy(gm), _num_fwd(gm), lambda nodes: [1.0] * len(nodes), fuse=fusible)
-
-
-def _readers(n: fx.Node) -> list[fx.Node]:
-    out, todo = [], list(n.users)
-    while todo:
-        u = todo.pop()
-        if is_view_node(u) or u.target is operator.getitem:
-            todo.extend(u.users)
-        else:
-            out.append(u)
-    return out
 
 
 def _run(gm: fx.GraphModule, jg: JointGraph, seed: int = 0) -> list[torch.Tensor]:
