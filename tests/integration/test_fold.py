@@ -151,3 +151,89 @@ def test_an_op_whose_inputs_hold_more_than_its_output_stays_a_node() -> None:
     forward_products = [n for n in prods if n.name in set(jg.graph.ext_ids())]
     assert forward_products, "a(x) * b(x) reads two activations of its own size: a node"
     assert not any(p.name in jg.folded for p in forward_products)
+
+
+class _Residual(nn.Module):
+    """``x + x @ W.T``: a matrix product whose one reader adds it to a tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16, bias=False), nn.Linear(16, 16, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(x)
+        return self.b(h + self.a(h))
+
+
+def test_a_matrix_product_added_to_a_tensor_runs_where_the_sum_is() -> None:
+    # Inductor rewrites add(mm(a, b), c) into one addmm placed where the add is: the product's
+    # inputs live until then. Planned as a separate node, the product would free them early,
+    # and the compiled step would hold more than the plan counted.
+    torch.manual_seed(0)
+    gm, plain = _joint(_Residual(), torch.randn(32, 16))
+    jg = _folded(gm)
+    pairs = [
+        (m, next(iter(m.users)))
+        for m in gm.graph.nodes
+        if m.target is torch.ops.aten.mm.default
+        and len(m.users) == 1
+        and next(iter(m.users)).target is torch.ops.aten.add.Tensor
+    ]
+    assert pairs, "the joint graph adds a matrix product to a tensor"
+    keys = set(jg.graph.ext_ids())
+    for mm, add in pairs:
+        assert mm.name in jg.folded and mm.name not in keys, f"{mm.name} runs as one addmm with {add.name}"
+        assert add.name in keys, "the sum stays a node: it is what the plan schedules"
+    # what compiler="inductor" folds today: those products and nothing else
+    only = build_graph(
+        copy.deepcopy(gm), _num_fwd(gm), lambda nodes: [1.0] * len(nodes), fuse=lambda n: False
+    )
+    assert only.folded == {mm.name for mm, _ in pairs}
+    # the same values as the unfolded modules, and the product emitted right before its sum
+    for g, r in zip(_run(gm, jg), _run(gm, plain)):
+        assert torch.allclose(g, r, rtol=1e-6, atol=1e-6)
+    mods = generate(gm, jg, schedule_from_order(jg.graph, range(jg.graph.n)))
+    order = list(mods.forward.graph.nodes)
+    for n in order:
+        if n.target is torch.ops.aten.add.Tensor and any(
+            a.target is torch.ops.aten.mm.default for a in n.all_input_nodes
+        ):
+            mm = next(a for a in n.all_input_nodes if a.target is torch.ops.aten.mm.default)
+            assert order.index(n) - order.index(mm) == 1
+
+
+class _Order:
+    """What Inductor's scheduler nodes tell a fusion heuristic about their place."""
+
+    def __init__(self, lo: int, hi: int) -> None:
+        self.min_order, self.max_order = lo, hi
+
+
+class _Prior:
+    """The heuristics in force before the plan's compile: they allow every fusion."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def can_fuse_horizontal(self, *args: Any) -> bool:
+        self.asked += 1
+        return True
+
+    def other_heuristic(self) -> str:
+        return "prior"
+
+
+def test_inductor_fuses_only_nearby_kernels_horizontally() -> None:
+    # kernels far apart in the plan, fused because they read the same buffers, would run a
+    # recomputation before the peak the plan placed it after (GPT-2: 1.26x the simulated peak)
+    from checkmate.runtime import HORIZONTAL_FUSION_DISTANCE as far
+    from checkmate.runtime import _PlanOrderChoices
+
+    prior = _Prior()
+    choices = _PlanOrderChoices(prior)
+    assert not choices.can_fuse_horizontal(None, _Order(0, 2), _Order(far + 3, far + 3), 100)
+    assert not choices.can_fuse_horizontal(None, _Order(far + 3, far + 4), _Order(1, 1), 100)
+    assert prior.asked == 0
+    assert choices.can_fuse_horizontal(None, _Order(0, 2), _Order(far - 1, far), 100)
+    assert prior.asked == 1, "nearby kernels are left to Inductor's own heuristics"
+    assert choices.other_heuristic() == "prior"
