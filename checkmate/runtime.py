@@ -14,9 +14,13 @@ Two compilers run those modules (``Planner.compiler``):
 - ``"inductor"``: Inductor compiles them (C++ on CPU, Triton on CUDA). The planner is then
   Inductor's partitioner (``torch._inductor.config.custom_partitioner_fn``): it receives the
   joint graph after Inductor's joint-graph passes, and Inductor fuses, reorders within its
-  dependencies and reuses buffers in the two halves it returns. Costs are then those of the
-  compiled step (:mod:`checkmate.fusion`): an op Inductor fuses into its consumer costs the
-  memory it moves, not a kernel.
+  dependencies and reuses buffers in the two halves it returns. The graph model is then that
+  of the compiled step: an op Inductor generates code for and fuses into its readers is
+  recomputed inside each of them and holds no memory of its own (:mod:`checkmate.trace`,
+  "Fused ops"), and costs the memory it moves, not a kernel (:mod:`checkmate.fusion`).
+  Inductor compiles the halves with buffer reuse off and horizontal fusion only of
+  adjacent kernels (:class:`_PlanOrderChoices`), so that its kernels run in the plan's order
+  and free what they read where the plan does.
 
 Either way AOTAutograd's runtime wraps the two halves in an autograd.Function, so
 ``loss.backward()``, optimizers and gradient accumulation work as usual, and it copies
@@ -175,10 +179,11 @@ class Planner:
             with stage("scratch", spent):
                 return scratch_bytes(node)
 
-        # Inductor runs a matrix product added to a tensor as one addmm where the sum is:
-        # folded into the sum (checkmate.trace.into_addmm); no generated op is folded (see
-        # the README, "Compilers": folding them all undercounted a Llama's step by 2 MiB)
-        fuse = _fold_nothing_else if compiler == "inductor" else None
+        fuse = None
+        if compiler == "inductor":  # Inductor's kernels: generated ops fold into their readers
+            from checkmate.fusion import fusible
+
+            fuse = fusible
         jg = build_graph(
             joint, num_fwd_outputs, costs, scratch=scratch, fuse=fuse, name=f"graph{len(self.records)}"
         )
@@ -306,12 +311,6 @@ class Planner:
         return res, asked
 
 
-def _fold_nothing_else(node: fx.Node) -> bool:
-    """The ``fuse`` predicate of :func:`checkmate.trace.build_graph` that folds only what
-    Inductor is known to move (a matrix product into its addition)."""
-    return False
-
-
 def _codegen(joint: fx.GraphModule, jg: JointGraph, res: SolveResult) -> tuple[SplitModules, tuple[str, ...]]:
     """The forward and backward running ``res``'s schedule; when it pages, the values it
     holds on the host across the forward/backward boundary."""
@@ -367,26 +366,23 @@ def _inductor_backend(planner: Planner) -> Callable[..., Any]:
     return backend
 
 
-#: horizontal fusions Inductor may make in a plan's halves: of kernels at most this many
-#: scheduler nodes apart (Inductor's own limit is 64); see :class:`_PlanOrderChoices`
-HORIZONTAL_FUSION_DISTANCE = 8
-
-
 class _PlanOrderChoices:
     """Inductor's heuristics (``torch._inductor.choices.InductorChoices``, those in force
     when the compile starts) for a plan's halves, except that horizontal fusion (of two
     kernels neither of which reads the other, fused because they read the same buffers) is
-    refused for kernels more than :data:`HORIZONTAL_FUSION_DISTANCE` scheduler nodes apart.
+    refused unless no kernel lies between the two in the plan's order.
 
-    Fusing far-apart kernels runs the later one early (or the earlier one late): a
-    recomputation the plan placed after a peak, fused with a kernel before it, holds its
-    buffers across that peak. Inductor fuses kernels up to 64 nodes apart, and reading the
-    same dropout seeds or attention mask is reason enough: on a GPT-2 (4 layers, d=128,
-    8 x 256 tokens, CPU) planned at 50 MiB, one layer's recomputed attention was fused into
-    the next layer's softmax backward and the step measured 1.26x the simulated peak; with
-    this limit it measured the simulated peak (49.32 MiB against 49.31). Vertical fusion
-    (a producer into its consumer) is what :mod:`checkmate.fusion` models, and is left to
-    Inductor.
+    A horizontal fusion runs the later kernel early (or the earlier one late): its result is
+    allocated across whatever the plan ran between the two, or its inputs held across it.
+    Inductor fuses kernels up to 64 scheduler nodes apart, and reading the same dropout
+    seeds or attention mask is reason enough. Measured on CPU with fused ops folded
+    (:mod:`checkmate.trace`): on a GPT-2 (4 layers, d=128, 8 x 256 tokens) planned at
+    50 MiB, one layer's recomputed attention was fused into the next layer's softmax
+    backward (1.26x the simulated peak); on a Llama-like model at 55 MiB, a recomputed MLP
+    activation was fused with the gradients computed after the matrix product that reads
+    it, three kernels apart (2 MiB over). With only adjacent kernels fused, both measured
+    at most the simulated peak. Vertical fusion (a producer into its consumer) is what
+    :mod:`checkmate.fusion` models, and is left to Inductor.
     """
 
     def __init__(self, prior: Any) -> None:
@@ -396,8 +392,9 @@ class _PlanOrderChoices:
         return getattr(self._prior, name)
 
     def can_fuse_horizontal(self, scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
-        apart = max(abs(node1.min_order - node2.max_order), abs(node2.min_order - node1.max_order))
-        if apart > HORIZONTAL_FUSION_DISTANCE:
+        # scheduler nodes strictly between the two (none when they overlap or touch)
+        between = max(node2.min_order - node1.max_order, node1.min_order - node2.max_order, 1) - 1
+        if between > 0:
             return False
         return bool(self._prior.can_fuse_horizontal(scheduler, node1, node2, shared_data_score))
 

@@ -45,9 +45,7 @@ Modelling choices (the simulator's memory must match what the runtime allocates)
   costs no memory: keeping its inputs holds no more. A matrix product read only by an
   addition of a tensor of its dtype is folded into that addition as well: Inductor runs
   the two as one ``addmm`` where the addition is (:func:`into_addmm`), so the product's
-  inputs live until then. ``optimize(compiler="inductor")`` folds only those products: with
-  every generated op folded, a Llama-like model's compiled backward measured 2 MiB above the
-  simulated peak (README, "Compilers").
+  inputs live until then.
 - Backward nodes are the ops that depend on a tangent, and the ops that only the backward
   reads (moved to right before their first reader; see :func:`checkmate.placement.backward_only`); node ids
   list every forward node before every backward node, so a schedule splits into a forward

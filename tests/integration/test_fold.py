@@ -223,17 +223,17 @@ class _Prior:
         return "prior"
 
 
-def test_inductor_fuses_only_nearby_kernels_horizontally() -> None:
-    # kernels far apart in the plan, fused because they read the same buffers, would run a
-    # recomputation before the peak the plan placed it after (GPT-2: 1.26x the simulated peak)
-    from checkmate.runtime import HORIZONTAL_FUSION_DISTANCE as far
+def test_inductor_fuses_kernels_horizontally_only_when_nothing_runs_between() -> None:
+    # kernels apart in the plan, fused because they read the same buffers, would run a
+    # recomputation across what the plan ran between them (GPT-2: 1.26x the simulated peak)
     from checkmate.runtime import _PlanOrderChoices
 
     prior = _Prior()
     choices = _PlanOrderChoices(prior)
-    assert not choices.can_fuse_horizontal(None, _Order(0, 2), _Order(far + 3, far + 3), 100)
-    assert not choices.can_fuse_horizontal(None, _Order(far + 3, far + 4), _Order(1, 1), 100)
+    assert not choices.can_fuse_horizontal(None, _Order(0, 2), _Order(4, 4), 100)  # node 3 between
+    assert not choices.can_fuse_horizontal(None, _Order(40, 41), _Order(1, 1), 100)
     assert prior.asked == 0
-    assert choices.can_fuse_horizontal(None, _Order(0, 2), _Order(far - 1, far), 100)
-    assert prior.asked == 1, "nearby kernels are left to Inductor's own heuristics"
+    assert choices.can_fuse_horizontal(None, _Order(0, 2), _Order(3, 5), 100)  # adjacent
+    assert choices.can_fuse_horizontal(None, _Order(6, 9), _Order(0, 7), 100)  # overlapping
+    assert prior.asked == 2, "kernels side by side are left to Inductor's own heuristics"
     assert choices.other_heuristic() == "prior"
