@@ -14,13 +14,13 @@ Two compilers run those modules (``Planner.compiler``):
 - ``"inductor"``: Inductor compiles them (C++ on CPU, Triton on CUDA). The planner is then
   Inductor's partitioner (``torch._inductor.config.custom_partitioner_fn``): it receives the
   joint graph after Inductor's joint-graph passes, and Inductor fuses, reorders within its
-  dependencies and reuses buffers in the two halves it returns. The graph model is then that
-  of the compiled step: an op Inductor generates code for and fuses into its readers is
-  recomputed inside each of them and holds no memory of its own (:mod:`checkmate.trace`,
-  "Fused ops"), and costs the memory it moves, not a kernel (:mod:`checkmate.fusion`).
-  Inductor compiles the halves with buffer reuse off and horizontal fusion only of
-  adjacent kernels (:class:`_PlanOrderChoices`), so that its kernels run in the plan's order
-  and free what they read where the plan does.
+  dependencies and reuses buffers in the two halves it returns. Costs are then those of the
+  compiled step (:mod:`checkmate.fusion`): an op Inductor fuses into its consumer costs the
+  memory it moves, not a kernel; a matrix product that an addition reads runs where the
+  addition is, as Inductor's ``addmm`` does (:func:`checkmate.trace.into_addmm`). Inductor
+  compiles the halves with buffer reuse off and no horizontal fusion across a point where
+  the plan frees memory (:class:`_PlanOrderChoices`), so that its kernels free what they
+  read where the plan does.
 
 Either way AOTAutograd's runtime wraps the two halves in an autograd.Function, so
 ``loss.backward()``, optimizers and gradient accumulation work as usual, and it copies
@@ -29,6 +29,7 @@ mutated buffers (BatchNorm running statistics) back once per step.
 
 from __future__ import annotations
 
+import bisect
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
@@ -179,11 +180,10 @@ class Planner:
             with stage("scratch", spent):
                 return scratch_bytes(node)
 
-        fuse = None
-        if compiler == "inductor":  # Inductor's kernels: generated ops fold into their readers
-            from checkmate.fusion import fusible
-
-            fuse = fusible
+        # Inductor runs a matrix product added to a tensor as one addmm where the sum is:
+        # folded into the sum (checkmate.trace.into_addmm). Generated ops are not folded
+        # (README, "Compilers": it needs horizontal fusions that break the plan's peak)
+        fuse = _fold_nothing_else if compiler == "inductor" else None
         jg = build_graph(
             joint, num_fwd_outputs, costs, scratch=scratch, fuse=fuse, name=f"graph{len(self.records)}"
         )
@@ -311,6 +311,12 @@ class Planner:
         return res, asked
 
 
+def _fold_nothing_else(node: fx.Node) -> bool:
+    """The ``fuse`` predicate of :func:`checkmate.trace.build_graph` that folds only what
+    Inductor is known to move: a matrix product into its addition."""
+    return False
+
+
 def _codegen(joint: fx.GraphModule, jg: JointGraph, res: SolveResult) -> tuple[SplitModules, tuple[str, ...]]:
     """The forward and backward running ``res``'s schedule; when it pages, the values it
     holds on the host across the forward/backward boundary."""
@@ -370,31 +376,50 @@ class _PlanOrderChoices:
     """Inductor's heuristics (``torch._inductor.choices.InductorChoices``, those in force
     when the compile starts) for a plan's halves, except that horizontal fusion (of two
     kernels neither of which reads the other, fused because they read the same buffers) is
-    refused unless no kernel lies between the two in the plan's order.
+    refused when the plan frees memory between the two: some buffer or input is read for
+    the last time by a kernel between them.
 
-    A horizontal fusion runs the later kernel early (or the earlier one late): its result is
-    allocated across whatever the plan ran between the two, or its inputs held across it.
-    Inductor fuses kernels up to 64 scheduler nodes apart, and reading the same dropout
-    seeds or attention mask is reason enough. Measured on CPU with fused ops folded
-    (:mod:`checkmate.trace`): on a GPT-2 (4 layers, d=128, 8 x 256 tokens) planned at
-    50 MiB, one layer's recomputed attention was fused into the next layer's softmax
-    backward (1.26x the simulated peak); on a Llama-like model at 55 MiB, a recomputed MLP
-    activation was fused with the gradients computed after the matrix product that reads
-    it, three kernels apart (2 MiB over). With only adjacent kernels fused, both measured
-    at most the simulated peak. Vertical fusion (a producer into its consumer) is what
-    :mod:`checkmate.fusion` models, and is left to Inductor.
+    A horizontal fusion runs the later kernel early (or the earlier one late), so its
+    result is allocated while what the plan freed in between is still held. Inductor fuses
+    kernels up to 64 scheduler nodes apart, and reading the same dropout seeds or attention
+    mask is reason enough. Measured on CPU with fused ops folded (:mod:`checkmate.trace`):
+    on a GPT-2 (4 layers, d=128, 8 x 256 tokens) planned at 50 MiB, one layer's recomputed
+    attention was fused into the next layer's softmax backward (1.26x the simulated peak);
+    on a Llama-like model at 55 MiB, a recomputed MLP activation was fused with gradients
+    computed after the matrix product that frees it, three kernels later (2 MiB over).
+    With this rule both measured at most the simulated peak. Vertical fusion (a producer
+    into its consumer) is what :mod:`checkmate.fusion` models, and is left to Inductor.
     """
 
     def __init__(self, prior: Any) -> None:
         self._prior = prior
+        self._frees: tuple[int, list[int]] | None = None  # (id of the scheduler, positions)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._prior, name)
 
+    def _free_positions(self, scheduler: Any) -> list[int]:
+        """Sorted scheduler positions where a buffer or graph input is read for the last
+        time (the graph's outputs are never freed)."""
+        if self._frees is None or self._frees[0] != id(scheduler):
+            from torch._inductor.virtualized import V
+
+            last: dict[str, int] = {}
+            for node in scheduler.nodes:
+                for dep in node.read_writes.reads:
+                    last[dep.name] = max(last.get(dep.name, -1), node.max_order)
+            outputs = set(V.graph.get_output_names())
+            self._frees = (id(scheduler), sorted(p for name, p in last.items() if name not in outputs))
+        return self._frees[1]
+
     def can_fuse_horizontal(self, scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
-        # scheduler nodes strictly between the two (none when they overlap or touch)
-        between = max(node2.min_order - node1.max_order, node1.min_order - node2.max_order, 1) - 1
-        if between > 0:
+        if node1.max_order < node2.min_order:
+            lo, hi = node1.max_order, node2.min_order
+        else:
+            lo, hi = node2.max_order, node1.min_order
+        frees = self._free_positions(scheduler)
+        k = bisect.bisect_right(frees, lo)
+        if k < len(frees) and frees[k] < hi:  # memory is freed strictly between the two
             return False
         return bool(self._prior.can_fuse_horizontal(scheduler, node1, node2, shared_data_score))
 

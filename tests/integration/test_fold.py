@@ -9,6 +9,7 @@ modules codegen makes from it compute what the unfolded ones do.
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -203,10 +204,11 @@ def test_a_matrix_product_added_to_a_tensor_runs_where_the_sum_is() -> None:
 
 
 class _Order:
-    """What Inductor's scheduler nodes tell a fusion heuristic about their place."""
+    """What Inductor's scheduler nodes tell a fusion heuristic: their place, what they read."""
 
-    def __init__(self, lo: int, hi: int) -> None:
+    def __init__(self, lo: int, hi: int, reads: tuple[str, ...] = ()) -> None:
         self.min_order, self.max_order = lo, hi
+        self.read_writes = SimpleNamespace(reads=[SimpleNamespace(name=r) for r in reads])
 
 
 class _Prior:
@@ -223,17 +225,28 @@ class _Prior:
         return "prior"
 
 
-def test_inductor_fuses_kernels_horizontally_only_when_nothing_runs_between() -> None:
-    # kernels apart in the plan, fused because they read the same buffers, would run a
-    # recomputation across what the plan ran between them (GPT-2: 1.26x the simulated peak)
+def test_inductor_fuses_kernels_horizontally_only_when_nothing_is_freed_between() -> None:
+    # kernels fused because they read the same buffers, across a point where the plan frees
+    # memory, would allocate one's result while the freed buffers are still held (a GPT-2:
+    # 1.26x the simulated peak)
+    from torch._inductor.virtualized import V
+
     from checkmate.runtime import _PlanOrderChoices
 
+    # last reads: x at 1, y at 4, the output o at 6 (never freed)
+    reads = {0: ("x",), 1: ("x",), 2: ("y",), 4: ("y",), 6: ("o",)}
+    scheduler = SimpleNamespace(nodes=[_Order(k, k, reads.get(k, ())) for k in range(8)])
     prior = _Prior()
     choices = _PlanOrderChoices(prior)
-    assert not choices.can_fuse_horizontal(None, _Order(0, 2), _Order(4, 4), 100)  # node 3 between
-    assert not choices.can_fuse_horizontal(None, _Order(40, 41), _Order(1, 1), 100)
-    assert prior.asked == 0
-    assert choices.can_fuse_horizontal(None, _Order(0, 2), _Order(3, 5), 100)  # adjacent
-    assert choices.can_fuse_horizontal(None, _Order(6, 9), _Order(0, 7), 100)  # overlapping
-    assert prior.asked == 2, "kernels side by side are left to Inductor's own heuristics"
+
+    def fuse(a: int, b: int) -> bool:
+        return choices.can_fuse_horizontal(scheduler, _Order(a, a), _Order(b, b), 100)
+
+    with V.set_graph_handler(SimpleNamespace(get_output_names=lambda: ["o"])):  # type: ignore[arg-type]
+        assert not fuse(0, 2)  # x is freed at 1
+        assert not fuse(5, 2)  # y is freed at 4, whichever node comes first
+        assert prior.asked == 0
+        assert fuse(1, 3)  # x is freed by node 1 itself: nothing freed strictly between
+        assert fuse(5, 7)  # the output read at 6 is not freed
+        assert prior.asked == 2, "the others are left to Inductor's own heuristics"
     assert choices.other_heuristic() == "prior"

@@ -31,7 +31,7 @@ GRAD_RTOL = 1e-4
 
 def _transformer() -> tuple[Any, Any]:
     torch.manual_seed(0)
-    return M.TinyTransformer(vocab=64, d=64, layers=4, p=0.1), torch.randint(0, 64, (16, 128))
+    return M.TinyTransformer(vocab=64, d=64, layers=2, p=0.1), torch.randint(0, 64, (16, 128))
 
 
 def _cnn() -> tuple[Any, Any]:
