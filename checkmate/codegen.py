@@ -30,7 +30,7 @@ from torch.fx.graph import _BoxedCodeGen
 
 from checkmate.trace import JointGraph
 from solvers.errors import PlanError, TraceError
-from solvers.schedule import Schedule
+from solvers.schedule import COMPUTE, Schedule, simulate
 
 __all__ = ["SplitModules", "generate", "split_point"]
 
@@ -181,13 +181,16 @@ class _Emitter:
         return v
 
 
-def generate(gm: fx.GraphModule, jg: JointGraph, schedule: Schedule) -> SplitModules:
+def generate(
+    gm: fx.GraphModule, jg: JointGraph, schedule: Schedule, budget: int | None = None
+) -> SplitModules:
     """Build the forward and backward modules that execute ``schedule``.
 
     Args:
         gm: the joint graph ``jg`` was built from.
         jg: its model (see :func:`checkmate.trace.build_graph`).
         schedule: a schedule the simulator validated on ``jg.graph``.
+        budget: the bytes it was planned for (default: its simulated peak).
 
     Returns:
         The two modules and what passes between them.
@@ -211,6 +214,12 @@ def generate(gm: fx.GraphModule, jg: JointGraph, schedule: Schedule) -> SplitMod
     outputs = list(out_node.args[0])  # type: ignore[arg-type]
     computes = schedule.computes
     split = split_point(jg, schedule)
+    # the simulated bytes in use after each compute, and the plan's budget, on the nodes each
+    # compute emits (``meta["checkmate_memory"]``): Inductor's fusion heuristics read them
+    # (checkmate.runtime._PlanOrderChoices)
+    timeline = simulate(jg.graph, schedule).timeline
+    after = [int(timeline[s]) for s, (op, _) in enumerate(schedule.steps) if op == COMPUTE]
+    ceiling = int(budget) if budget is not None else int(timeline.max(initial=0))
 
     # forward
     fw = fx.Graph()
@@ -219,8 +228,8 @@ def generate(gm: fx.GraphModule, jg: JointGraph, schedule: Schedule) -> SplitMod
         fenv[p] = fw.placeholder(p.name)
         fenv[p].meta = dict(p.meta)
     femit = _Emitter(jg, by_name, fw, fenv, load=None)
-    for i in computes[:split]:
-        femit.compute(i)
+    for k, i in enumerate(computes[:split]):
+        _annotate(femit, i, (after[k], ceiling))
     fw_outs = [femit.get(o) if isinstance(o, fx.Node) else o for o in outputs[: jg.num_fwd_outputs]]
 
     # backward: values from the forward become placeholders ahead of the tangents
@@ -249,8 +258,8 @@ def generate(gm: fx.GraphModule, jg: JointGraph, schedule: Schedule) -> SplitMod
         return ph
 
     bemit = _Emitter(jg, by_name, bw, benv, load=load)
-    for i in computes[split:]:
-        bemit.compute(i)
+    for k, i in enumerate(computes[split:], start=split):
+        _annotate(bemit, i, (after[k], ceiling))
     bw_outs = [bemit.get(o) if isinstance(o, fx.Node) else o for o in outputs[jg.num_fwd_outputs :]]
     bw.output(tuple(bw_outs))
     # mutated inputs (BatchNorm running statistics) are saved without AOTAutograd's version
@@ -276,6 +285,18 @@ def generate(gm: fx.GraphModule, jg: JointGraph, schedule: Schedule) -> SplitMod
         saved=tuple(n.name for n in saved),
         recomputes=int((counts - 1).clip(min=0).sum()),
     )
+
+
+def _annotate(emitter: _Emitter, i: int, memory: tuple[int, int]) -> None:
+    """Emit graph node ``i`` and mark the nodes it appended with ``memory``."""
+    root = emitter.graph._root  # the sentinel of fx's node list: its prev is the last node
+    last = root.prev
+    emitter.compute(i)
+    node = last.next
+    while node is not root:
+        if node.op == "call_function":
+            node.meta["checkmate_memory"] = memory
+        node = node.next
 
 
 def _module(root: fx.GraphModule, graph: fx.Graph) -> fx.GraphModule:

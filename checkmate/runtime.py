@@ -321,7 +321,7 @@ def _codegen(joint: fx.GraphModule, jg: JointGraph, res: SolveResult) -> tuple[S
     """The forward and backward running ``res``'s schedule; when it pages, the values it
     holds on the host across the forward/backward boundary."""
     assert res.schedule is not None
-    modules = generate(joint, jg, res.schedule)
+    modules = generate(joint, jg, res.schedule, res.budget)
     if not any(op in (PAGEOUT, PAGEIN) for op, _ in res.schedule.steps):
         return modules, ()
     from checkmate.paging import page_saved
@@ -374,54 +374,98 @@ def _inductor_backend(planner: Planner) -> Callable[..., Any]:
 
 class _PlanOrderChoices:
     """Inductor's heuristics (``torch._inductor.choices.InductorChoices``, those in force
-    when the compile starts) for a plan's halves, except that horizontal fusion (of two
-    kernels neither of which reads the other, fused because they read the same buffers) is
-    refused when the plan frees memory between the two: some buffer or input is read for
-    the last time by a kernel between them.
+    when the compile starts) for a plan's halves, except that a horizontal fusion (of two
+    kernels neither of which reads the other, fused because they read the same buffers)
+    that could take the step over its budget is refused.
 
-    A horizontal fusion runs the later kernel early (or the earlier one late), so its
-    result is allocated while what the plan freed in between is still held. Inductor fuses
-    kernels up to 64 scheduler nodes apart, and reading the same dropout seeds or attention
-    mask is reason enough. Measured on CPU with fused ops folded (:mod:`checkmate.trace`):
-    on a GPT-2 (4 layers, d=128, 8 x 256 tokens) planned at 50 MiB, one layer's recomputed
-    attention was fused into the next layer's softmax backward (1.26x the simulated peak);
-    on a Llama-like model at 55 MiB, a recomputed MLP activation was fused with gradients
-    computed after the matrix product that frees it, three kernels later (2 MiB over).
-    With this rule both measured at most the simulated peak. Vertical fusion (a producer
-    into its consumer) is what :mod:`checkmate.fusion` models, and is left to Inductor.
+    Fused, the later kernel runs early (or the earlier one late): its result is allocated
+    while what the plan frees between the two is still held, so the step may hold up to
+    those bytes more than the plan anywhere between them. The fusion is made only when the
+    plan's simulated memory there (``meta["checkmate_memory"]`` on the nodes codegen emits)
+    plus the bytes freed between (last reads of Inductor's buffers and inputs, from the
+    earlier kernel on) stays within the plan's budget; with nothing freed between, fusing
+    moves no peak. Inductor's own rule allows any two kernels up to 64 scheduler nodes
+    apart. Measured on CPU with fused ops folded (:mod:`checkmate.trace`): on a GPT-2 (4
+    layers, d=128, 8 x 256 tokens) at 50 MiB, one layer's recomputed attention fused into
+    the next layer's softmax backward measured 1.26x the simulated peak, and a Llama-like
+    model at 40 MiB 1.10x its budget; with this rule both measured at most the simulated
+    peak. Vertical fusion (a producer into its consumer) is what :mod:`checkmate.fusion`
+    models, and is left to Inductor.
     """
 
     def __init__(self, prior: Any) -> None:
         self._prior = prior
-        self._frees: tuple[int, list[int]] | None = None  # (id of the scheduler, positions)
+        self._scheduler: int | None = None  # id of the scheduler the tables below are for
+        self._frees: list[tuple[int, int]] = []  # (position, bytes) of last reads, sorted
+        self._memory: dict[int, tuple[int, int]] = {}  # position -> (simulated bytes, budget)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._prior, name)
 
-    def _free_positions(self, scheduler: Any) -> list[int]:
-        """Sorted scheduler positions where a buffer or graph input is read for the last
-        time (the graph's outputs are never freed)."""
-        if self._frees is None or self._frees[0] != id(scheduler):
-            from torch._inductor.virtualized import V
+    def _tables(self, scheduler: Any) -> None:
+        """Where buffers and graph inputs are read for the last time (outputs are never
+        freed) and their bytes; the plan's simulated memory at each scheduler position."""
+        if self._scheduler == id(scheduler):
+            return
+        from torch._inductor.virtualized import V
 
-            last: dict[str, int] = {}
-            for node in scheduler.nodes:
-                for dep in node.read_writes.reads:
-                    last[dep.name] = max(last.get(dep.name, -1), node.max_order)
-            outputs = set(V.graph.get_output_names())
-            self._frees = (id(scheduler), sorted(p for name, p in last.items() if name not in outputs))
-        return self._frees[1]
+        last: dict[str, int] = {}
+        for snode in scheduler.nodes:
+            for dep in snode.read_writes.reads:
+                last[dep.name] = max(last.get(dep.name, -1), snode.max_order)
+            for sub in snode.get_nodes():
+                marks = [
+                    m
+                    for o in getattr(sub.node, "origins", ()) or ()
+                    if (m := o.meta.get("checkmate_memory")) is not None
+                ]
+                if marks:
+                    self._memory[sub.min_order] = max(marks)
+        outputs = set(V.graph.get_output_names())
+        self._frees = sorted(
+            (p, _buffer_bytes(scheduler, name)) for name, p in last.items() if name not in outputs
+        )
+        self._scheduler = id(scheduler)
 
     def can_fuse_horizontal(self, scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
         if node1.max_order < node2.min_order:
             lo, hi = node1.max_order, node2.min_order
         else:
             lo, hi = node2.max_order, node1.min_order
-        frees = self._free_positions(scheduler)
-        k = bisect.bisect_right(frees, lo)
-        if k < len(frees) and frees[k] < hi:  # memory is freed strictly between the two
-            return False
+        self._tables(scheduler)
+        k = bisect.bisect_left(self._frees, (lo, -1))
+        freed = 0
+        while k < len(self._frees) and self._frees[k][0] < hi:
+            freed += self._frees[k][1]
+            k += 1
+        if freed:
+            # run together, the two hold at most what the plan frees between them on top of
+            # the plan's memory there: fuse only where that stays within the budget
+            known = [
+                self._memory[p]
+                for p in range(min(node1.min_order, node2.min_order), hi + 1)
+                if p in self._memory
+            ]
+            if not known or max(m for m, _ in known) + freed > min(b for _, b in known):
+                return False
         return bool(self._prior.can_fuse_horizontal(scheduler, node1, node2, shared_data_score))
+
+
+def _buffer_bytes(scheduler: Any, name: str) -> int:
+    """Bytes of an Inductor buffer or graph input (0 when unknown)."""
+    from torch._inductor.virtualized import V
+
+    buf = scheduler.name_to_buf.get(name)
+    node = buf.node if buf is not None else V.graph.graph_inputs.get(name)
+    if node is None:
+        return 0
+    try:
+        numel = 1
+        for d in node.get_size():
+            numel *= V.graph.sizevars.optimization_hint(d, fallback=1)
+        return int(numel) * node.get_dtype().itemsize
+    except (AttributeError, TypeError, NotImplementedError):
+        return 0
 
 
 def _as_is(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:

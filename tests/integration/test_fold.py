@@ -203,12 +203,24 @@ def test_a_matrix_product_added_to_a_tensor_runs_where_the_sum_is() -> None:
             assert order.index(n) - order.index(mm) == 1
 
 
-class _Order:
-    """What Inductor's scheduler nodes tell a fusion heuristic: their place, what they read."""
+class _Kernel:
+    """What Inductor's scheduler nodes tell a fusion heuristic: their place, what they read,
+    and the fx nodes they come from (marked by codegen with the plan's memory there)."""
 
-    def __init__(self, lo: int, hi: int, reads: tuple[str, ...] = ()) -> None:
-        self.min_order, self.max_order = lo, hi
+    def __init__(self, k: int, reads: tuple[str, ...] = (), memory: tuple[int, int] | None = None) -> None:
+        self.min_order = self.max_order = k
         self.read_writes = SimpleNamespace(reads=[SimpleNamespace(name=r) for r in reads])
+        meta = {} if memory is None else {"checkmate_memory": memory}
+        self.node = SimpleNamespace(origins=[SimpleNamespace(meta=meta)])
+
+    def get_nodes(self) -> list[_Kernel]:
+        return [self]
+
+
+def _buffer(nbytes: int) -> SimpleNamespace:
+    return SimpleNamespace(
+        node=SimpleNamespace(get_size=lambda: [nbytes // 4], get_dtype=lambda: torch.float32)
+    )
 
 
 class _Prior:
@@ -225,28 +237,55 @@ class _Prior:
         return "prior"
 
 
-def test_inductor_fuses_kernels_horizontally_only_when_nothing_is_freed_between() -> None:
-    # kernels fused because they read the same buffers, across a point where the plan frees
-    # memory, would allocate one's result while the freed buffers are still held (a GPT-2:
-    # 1.26x the simulated peak)
+def test_inductor_fuses_kernels_horizontally_only_within_the_budget() -> None:
+    # fused because they read the same buffers, two kernels hold what the plan frees between
+    # them at once (a GPT-2: 1.26x the simulated peak): only where the budget has room for it
     from torch._inductor.virtualized import V
 
     from checkmate.runtime import _PlanOrderChoices
 
-    # last reads: x at 1, y at 4, the output o at 6 (never freed)
-    reads = {0: ("x",), 1: ("x",), 2: ("y",), 4: ("y",), 6: ("o",)}
-    scheduler = SimpleNamespace(nodes=[_Order(k, k, reads.get(k, ())) for k in range(8)])
+    # the plan holds 50 of its 100 bytes at kernels 0-4 (5-7 are not marked); last reads:
+    # x (40 bytes) at 1, y (80) at 4, z (8) at 6, and the output o at 2 (never freed)
+    reads = {0: ("x",), 1: ("x",), 2: ("o",), 3: ("y",), 4: ("y",), 6: ("z",)}
+    kernels = [_Kernel(k, reads.get(k, ()), (50, 100) if k < 5 else None) for k in range(8)]
+    sizes = {"x": 40, "y": 80, "z": 8, "o": 4096}
+    scheduler = SimpleNamespace(nodes=kernels, name_to_buf={n: _buffer(b) for n, b in sizes.items()})
+    graph = SimpleNamespace(
+        get_output_names=lambda: ["o"],
+        graph_inputs={},
+        sizevars=SimpleNamespace(optimization_hint=lambda d, fallback=None: d),
+    )
     prior = _Prior()
     choices = _PlanOrderChoices(prior)
 
     def fuse(a: int, b: int) -> bool:
-        return choices.can_fuse_horizontal(scheduler, _Order(a, a), _Order(b, b), 100)
+        return choices.can_fuse_horizontal(scheduler, kernels[a], kernels[b], 100)
 
-    with V.set_graph_handler(SimpleNamespace(get_output_names=lambda: ["o"])):  # type: ignore[arg-type]
-        assert not fuse(0, 2)  # x is freed at 1
-        assert not fuse(5, 2)  # y is freed at 4, whichever node comes first
+    with V.set_graph_handler(graph):  # type: ignore[arg-type]
+        assert not fuse(2, 5)  # y's 80 bytes freed between: 50 + 80 > 100
+        assert not fuse(5, 3)  # whichever kernel comes first
+        assert not fuse(5, 7)  # z is freed between, where the plan's memory is not known
         assert prior.asked == 0
-        assert fuse(1, 3)  # x is freed by node 1 itself: nothing freed strictly between
-        assert fuse(5, 7)  # the output read at 6 is not freed
-        assert prior.asked == 2, "the others are left to Inductor's own heuristics"
+        assert fuse(0, 2)  # x's 40 bytes: 50 + 40 <= 100
+        assert fuse(1, 3) and fuse(2, 3)  # the output read at 2 is never freed; nothing between
+        assert prior.asked == 3, "the others are left to Inductor's own heuristics"
     assert choices.other_heuristic() == "prior"
+
+
+def test_codegen_marks_each_emitted_op_with_the_plans_memory_there() -> None:
+    # what the horizontal-fusion rule reads: the simulated bytes after the op's compute
+    from solvers.schedule import simulate
+
+    gm, _ = _joint(_mlp(), torch.randn(32, 16))
+    jg = _folded(gm)
+    schedule = schedule_from_order(jg.graph, range(jg.graph.n))
+    budget = keep_all_peak(jg.graph) + 1
+    mods = generate(gm, jg, schedule, budget)
+    marks = [
+        n.meta.get("checkmate_memory")
+        for m in (mods.forward, mods.backward)
+        for n in m.graph.nodes
+        if n.op == "call_function" and not is_view_node(n)  # views allocate nothing
+    ]
+    assert marks and all(m is not None and m[1] == budget for m in marks)
+    assert max(m[0] for m in marks) == simulate(jg.graph, schedule).peak
