@@ -18,9 +18,8 @@ Two compilers run those modules (``Planner.compiler``):
   compiled step (:mod:`checkmate.fusion`): an op Inductor fuses into its consumer costs the
   memory it moves, not a kernel; a matrix product that an addition reads runs where the
   addition is, as Inductor's ``addmm`` does (:func:`checkmate.trace.into_addmm`). Inductor
-  compiles the halves with buffer reuse off and no horizontal fusion across a point where
-  the plan frees memory (:class:`_PlanOrderChoices`), so that its kernels free what they
-  read where the plan does.
+  compiles the halves with buffer reuse off and horizontal fusion only where the budget has
+  room for what the plan frees between the two kernels (:class:`_PlanOrderChoices`).
 
 Either way AOTAutograd's runtime wraps the two halves in an autograd.Function, so
 ``loss.backward()``, optimizers and gradient accumulation work as usual, and it copies
