@@ -257,15 +257,35 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         state.eager_keys[key] = bool(fresh) and all(r.is_eager for r in fresh) and not (by_bytes or inductor)
     if not state.planner.records and not state.warned_unplanned and _needs_grad(out):
         state.warned_unplanned = True
+        if _recompile_limit_hit():
+            why = (
+                "Dynamo hit its recompile limit in this process (torch._dynamo.config.recompile_limit = "
+                f"{torch._dynamo.config.recompile_limit}), after which it runs code it has not compiled "
+                "eagerly: every torch.compile'd module shares one Dynamo wrapper frame, so about that "
+                "many compiled modules are enough. Raise torch._dynamo.config.recompile_limit before "
+                "compiling them, or call torch._dynamo.reset() before checkmate.optimize"
+            )
+        else:
+            why = (
+                "Dynamo skips nn.LSTM/GRU/RNN unless torch._dynamo.config.allow_rnn = True; otherwise "
+                "look for what makes it fall back (TORCH_LOGS=graph_breaks)"
+            )
         warnings.warn(
             f"checkmate planned nothing for {type(self).__name__}: torch.compile captured no graph "
             "with a backward (Dynamo ran the forward eagerly), so training steps run eagerly with no "
-            "memory bound. Dynamo skips nn.LSTM/GRU/RNN unless torch._dynamo.config.allow_rnn = "
-            "True; otherwise look for what makes it fall back (TORCH_LOGS=graph_breaks)",
+            f"memory bound. {why}",
             UnplannedWarning,
             stacklevel=4,  # _forward <- Module._call_impl <- Module.__call__ <- the caller
         )
     return out
+
+
+def _recompile_limit_hit() -> bool:
+    """Whether Dynamo gave up compiling some code in this process for its recompile limit
+    (it counts each such give-up among its ``unimplemented`` graph breaks)."""
+    from torch._dynamo.utils import counters
+
+    return any("recompile limit" in str(reason) for reason in counters.get("unimplemented", {}))
 
 
 def _needs_grad(out: object) -> bool:

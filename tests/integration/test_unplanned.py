@@ -121,3 +121,46 @@ def test_a_byte_budget_between_keep_all_and_eager_holds_as_measured() -> None:
     measured = measure_peak(lambda: step(opt))
     assert 1.05 * budget < eager, (budget, eager)
     assert measured <= 1.05 * budget, (measured, budget, eager)
+
+
+_RECOMPILE_LIMIT_SCRIPT = """
+import warnings
+import torch
+from torch import nn
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch._aot_autograd.utils import make_boxed_func
+import checkmate
+from checkmate.api import UnplannedWarning
+
+for _ in range(torch._dynamo.config.recompile_limit + 2):  # a backend of its own each, as in tests
+    boxed = aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g), bw_compiler=lambda g, _: make_boxed_func(g))
+    plain = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    torch.compile(plain, backend=boxed, dynamic=False)(torch.randn(2, 8)).sum().backward()
+opt = checkmate.optimize(nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)), 0.7, time_limit=2)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    opt(torch.randn(32, 16)).sum().backward()
+print("plans", len(checkmate.plans_of(opt)))
+for w in caught:
+    if issubclass(w.category, UnplannedWarning):
+        print("warning", w.message)
+"""
+
+
+def test_the_unplanned_warning_names_dynamos_recompile_limit_when_it_was_hit() -> None:
+    # past Dynamo's recompile limit (ten plain torch.compile'd modules in one process), new
+    # code runs eagerly, the planned step included: the warning must say so, not blame RNNs.
+    # A process of its own: the limit, once hit, stays for the rest of the process
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run(
+        [sys.executable, "-c", _RECOMPILE_LIMIT_SCRIPT], cwd=root, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    if "plans 0" not in run.stdout:
+        pytest.skip("this torch version compiled the step past the other modules' recompile limit")
+    assert "warning" in run.stdout and "recompile limit" in run.stdout, run.stdout
+    assert "allow_rnn" not in run.stdout, "the other modules hit the recompile limit, not an RNN"
