@@ -260,10 +260,10 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if _recompile_limit_hit():
             why = (
                 "Dynamo hit its recompile limit in this process (torch._dynamo.config.recompile_limit = "
-                f"{torch._dynamo.config.recompile_limit}), after which it runs code it has not compiled "
-                "eagerly: every torch.compile'd module shares one Dynamo wrapper frame, so about that "
-                "many compiled modules are enough. Raise torch._dynamo.config.recompile_limit before "
-                "compiling them, or call torch._dynamo.reset() before checkmate.optimize"
+                f"{torch._dynamo.config.recompile_limit}), and other torch.compile'd code can use it up "
+                "for this step too (about that many compiled modules, each with its own backend, are "
+                "enough). Raise torch._dynamo.config.recompile_limit before compiling them, or call "
+                "torch._dynamo.reset() before checkmate.optimize"
             )
         else:
             why = (

@@ -37,7 +37,7 @@ import torch
 import torch.fx as fx
 
 from checkmate.flops import _FLOPS, flat_tensors, tensor_span_bytes
-from checkmate.ops import is_mutation, is_random, is_view, writes_input
+from checkmate.ops import is_mutation, is_random, is_view, through_views, writes_input
 
 __all__ = ["is_library_kernel", "fusible", "fused_costs", "device_speed"]
 
@@ -74,27 +74,12 @@ def _bytes(node: fx.Node) -> int:
     return sum(tensor_span_bytes(t) for t in flat_tensors(node.meta.get("val")))
 
 
-def _through_views(nodes: Any, step: Any) -> list[fx.Node]:
-    """The non-view nodes reached from ``nodes`` through views (``step``: users or inputs)."""
-    out, todo, seen = [], list(nodes), set()
-    while todo:
-        n = todo.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.op == "call_function" and (is_view(n.target) or n.target is operator.getitem):
-            todo.extend(step(n))
-        else:
-            out.append(n)
-    return out
-
-
 def _materialized(node: fx.Node) -> bool:
     """Whether Inductor writes ``node``'s output to memory: a library kernel or the graph's
     output reads it (a generated consumer fuses it into its own loop instead)."""
     return any(
         u.op == "output" or (u.op == "call_function" and is_library_kernel(u.target))
-        for u in _through_views(node.users, lambda n: n.users)
+        for u in through_views(node.users, lambda n: n.users)
     )
 
 
@@ -102,7 +87,7 @@ def _generated_cost(node: fx.Node, bandwidth: float, launch: float) -> float:
     """A generated op's seconds: reading the inputs that live in memory (inputs of the graph,
     library kernels' outputs) and, when its output is materialized, writing it in a kernel
     of its own."""
-    producers = _through_views(node.all_input_nodes, lambda n: n.all_input_nodes)
+    producers = through_views(node.all_input_nodes, lambda n: n.all_input_nodes)
     reads = sum(
         _bytes(p)
         for p in producers

@@ -7,12 +7,14 @@ questions of an op; they are answered here once, from the op's schema and tags.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-__all__ = ["is_view", "is_view_node", "writes_input", "is_mutation", "is_random"]
+__all__ = ["is_view", "is_view_node", "through_views", "writes_input", "is_mutation", "is_random"]
 
 #: ops that return an alias of their input (or take no new storage) whose schema does not say so
 _EXTRA_VIEWS = {
@@ -37,6 +39,23 @@ def is_view(target: Any) -> bool:
 def is_view_node(node: fx.Node) -> bool:
     """:func:`is_view` of a ``call_function`` node (other nodes are not views)."""
     return node.op == "call_function" and is_view(node.target)
+
+
+def through_views(nodes: Iterable[fx.Node], step: Callable[[fx.Node], Iterable[fx.Node]]) -> list[fx.Node]:
+    """The nodes reached from ``nodes`` that are not views or ``getitem``s, walking through
+    those with ``step`` (a node's users to find what reads a value, its inputs to find what
+    a value is made of)."""
+    out, todo, seen = [], list(nodes), set()
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if is_view_node(n) or (n.op == "call_function" and n.target is operator.getitem):
+            todo.extend(step(n))
+        else:
+            out.append(n)
+    return out
 
 
 def writes_input(target: Any) -> bool:

@@ -427,6 +427,10 @@ class _PlanOrderChoices:
         self._scheduler = id(scheduler)
 
     def can_fuse_horizontal(self, scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
+        # Inductor's own heuristics first: they refuse kernels far apart, which bounds the
+        # scan below to the pairs they would fuse
+        if not self._prior.can_fuse_horizontal(scheduler, node1, node2, shared_data_score):
+            return False
         if node1.max_order < node2.min_order:
             lo, hi = node1.max_order, node2.min_order
         else:
@@ -447,7 +451,7 @@ class _PlanOrderChoices:
             ]
             if not known or max(m for m, _ in known) + freed > min(b for _, b in known):
                 return False
-        return bool(self._prior.can_fuse_horizontal(scheduler, node1, node2, shared_data_score))
+        return True
 
 
 def _buffer_bytes(scheduler: Any, name: str) -> int:

@@ -56,14 +56,14 @@ Modelling choices (the simulator's memory must match what the runtime allocates)
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-from checkmate.ops import is_mutation, is_random, is_view_node, writes_input
+from checkmate.ops import is_mutation, is_random, is_view_node, through_views, writes_input
 from checkmate.placement import accumulates_into, backward_only, deferrable, lazy_order
 from solvers.errors import TraceError
 from solvers.graph import Graph
@@ -207,16 +207,8 @@ def _read_by(outputs: Sequence[fx.Node]) -> set[fx.Node]:
     return seen
 
 
-def _readers(n: fx.Node) -> list[fx.Node]:
-    """The nodes that read ``n``'s value, looking through views and ``getitem``."""
-    out, todo = [], list(n.users)
-    while todo:
-        u = todo.pop()
-        if u.op == "call_function" and (is_view_node(u) or u.target is operator.getitem):
-            todo.extend(u.users)
-        else:
-            out.append(u)
-    return out
+def _users(n: fx.Node) -> Iterable[fx.Node]:
+    return n.users
 
 
 def into_addmm(n: fx.Node) -> bool:
@@ -389,7 +381,7 @@ def build_graph(
             return not _touches(n, mutated, base)
         if len(n.users) > _MAX_FOLDED_READERS or not fuse(n) or any(map(into_addmm, n.all_input_nodes)):
             return False
-        if _touches(n, mutated, base) or not all(fuse(u) for u in _readers(n)):
+        if _touches(n, mutated, base) or not all(fuse(u) for u in through_views(n.users, _users)):
             return False
         out = _tensor_bytes(n.meta.get("val"))
         held = sum(_tensor_bytes(b.meta.get("val")) for b in reads(n))
