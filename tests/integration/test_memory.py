@@ -107,10 +107,15 @@ def test_a_training_step_counts_saved_activations_and_gradients(method: Method) 
 def test_gradients_computed_in_backward_are_seen(method: Method) -> None:
     w = torch.randn(1024, 256, requires_grad=True)  # 1 MB parameter
     x = torch.randn(8, 1024)
-    loss = (x @ w).square().sum()
+    y = x @ w
+    saved = y.numel() * 4  # live before the backward, which may free it before the gradient exists
+    loss = y.square().sum()
+    del y
     peak = measure_peak(loss.backward, method=method)
     assert w.grad is not None
-    assert peak >= w.numel() * 4  # the new gradient is counted
+    # the new gradient is counted (memory from before that the backward frees lowers the count:
+    # a clean-clone run measured 1,047,556 B, the gradient less 1,020 B freed first)
+    assert peak >= w.numel() * 4 - saved
     assert peak <= w.numel() * 4 + 64 * 1024  # plus small temporaries only
 
 
