@@ -5,8 +5,10 @@ time limit N times over, and a strategy that is not deterministic (a solver stop
 its time limit) could hand ranks different schedules. So rank 0 plans and broadcasts the
 plan document (the same JSON a plan file holds); every other rank rebuilds the schedule
 for its own graph, re-validates it with the simulator, and all ranks compare the plan's
-checksum before running it. Every rank must compile the same graphs in the same order (as
-DDP training does): the broadcast is a collective.
+checksum before running it. Ranks may ask slightly different budgets (each measured its
+own memory): rank 0 plans for the smallest, so every rank's budget holds. Every rank must
+compile the same graphs in the same order (as DDP training does): the broadcast is a
+collective.
 
 DDP all-reduces gradients through buckets: a flat copy of the gradients that lives during
 the backward, outside the traced graph. :func:`ddp_reserve` is the bytes the planner must
@@ -24,11 +26,14 @@ others, and :func:`fsdp_reserve` is what FSDP2 holds beside a block's graph.
 from __future__ import annotations
 
 import hashlib
+import pickle
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch._dispatch.python import no_python_dispatcher
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from solvers.api import closest_hint
@@ -46,6 +51,8 @@ __all__ = [
     "check_fsdp_order",
     "plan_hash",
     "plan_once",
+    "agreed_budget",
+    "agree_bytes",
 ]
 
 
@@ -164,46 +171,105 @@ def plan_hash(graph: Graph, schedule: Schedule) -> str:
     return h.hexdigest()
 
 
-def plan_once(graph: Graph, budget_bytes: int, solve: Callable[[], SolveResult]) -> SolveResult:
-    """``solve()`` on rank 0, its plan on every rank.
+def plan_once(graph: Graph, budget_bytes: int, solve: Callable[[int], SolveResult]) -> SolveResult:
+    """``solve(bytes)`` on rank 0, its plan on every rank.
 
-    Without a process group (or with one rank) this is ``solve()``. Otherwise rank 0
-    solves and broadcasts the plan document (or its error); the other ranks rebuild the
-    schedule for ``graph``, re-validate it within ``budget_bytes``, and every rank checks
-    that all hold the same plan checksum.
+    ``budget_bytes`` is this rank's budget for ``graph`` (``-1``: the least peak, asked of
+    every rank alike). Without a process group (or with one rank) this is
+    ``solve(budget_bytes)``. Otherwise the ranks first agree on the smallest of their
+    budgets; rank 0 solves at it and broadcasts the plan document (or its error); the other
+    ranks rebuild the schedule for ``graph``, re-validate it within that budget, and every
+    rank checks that all hold the same plan checksum.
 
     Raises:
-        PlanError: a rank's graph differs from rank 0's, or the ranks' plans differ.
+        PlanError: a rank's graph differs from rank 0's, the ranks' plans differ, or some
+            ranks ask the least peak and others a number of bytes.
         CheckmateError: rank 0 could not plan (its error, re-raised on every rank).
     """
     rank, world = rank_and_world()
     if world == 1:
-        return solve()
-    # the partitioner runs under AOTAutograd's fake mode: the collectives need real tensors
-    with unset_fake_temporarily():
+        return solve(budget_bytes)
+    with _collectives():
         return _plan_once(graph, budget_bytes, solve, rank, world)
 
 
+@contextmanager
+def _collectives() -> Iterator[None]:
+    """Where the planner may call collectives from inside a compile.
+
+    The partitioner runs under AOTAutograd's fake mode and with the Python dispatcher on:
+    the collectives need real tensors, and must not hold the GIL while they queue work.
+    gloo's worker thread frees the last collective's tensors (which needs the GIL) while
+    holding its queue's lock; with the dispatcher on, the next collective waited for that
+    lock holding the GIL, and both ranks hung at the first plan in about one run in ten.
+    """
+    with unset_fake_temporarily(), no_python_dispatcher():
+        yield
+
+
+def agree_bytes(nbytes: int) -> int:
+    """The smallest of the ranks' byte budgets (``nbytes`` without a process group).
+
+    Ranks that measured their own memory ask slightly different budgets; every decision
+    the planner makes before it plans (reuse a plan of the graph's family, plan ahead) must
+    be the same on every rank, or one rank waits in a collective that the others skip.
+    Every rank must call this for the same graphs in the same order, as for
+    :func:`plan_once`.
+    """
+    _, world = rank_and_world()
+    if world == 1:
+        return nbytes
+    asked: list[Any] = [None] * world
+    with _collectives():
+        torch.distributed.all_gather_object(asked, int(nbytes))
+    return agreed_budget(asked)
+
+
+def agreed_budget(budgets: list[int]) -> int:
+    """The budget every rank plans for: the smallest asked, ``-1`` when all ask the least
+    peak.
+
+    Raises:
+        PlanError: some ranks ask the least peak and others a number of bytes.
+    """
+    least = [b < 0 for b in budgets]
+    if any(least) and not all(least):
+        asked = ", ".join(f"rank {r}: {'min' if b < 0 else f'{b:,} B'}" for r, b in enumerate(budgets))
+        raise PlanError(
+            f"ranks ask different kinds of budget for one graph ({asked}): pass every rank the same "
+            'budget ("min", a fraction, or bytes)'
+        )
+    return -1 if all(least) else min(budgets)
+
+
 def _plan_once(
-    graph: Graph, budget_bytes: int, solve: Callable[[], SolveResult], rank: int, world: int
+    graph: Graph, budget_bytes: int, solve: Callable[[int], SolveResult], rank: int, world: int
 ) -> SolveResult:
     dist = torch.distributed
+    asked: list[Any] = [None] * world
+    dist.all_gather_object(asked, int(budget_bytes))
+    budget_bytes = agreed_budget(asked)  # raises on every rank alike: they all see the same list
     message: list[Any] = [None]
     result: SolveResult | None = None
     if rank == 0:
         try:
-            result = solve()
+            result = solve(budget_bytes)
             if not result.ok or result.schedule is None:
                 message[0] = ("none", f"{result.status}{closest_hint(result)}")
             else:
                 message[0] = ("plan", plan_to_dict(graph, result))
         except CheckmateError as exc:
-            message[0] = ("error", (type(exc).__name__, str(exc)))
+            message[0] = ("error", _portable(exc))
             dist.broadcast_object_list(message, src=0)
             raise
     dist.broadcast_object_list(message, src=0)
     kind, payload = message[0]
     if kind == "error":
+        if isinstance(payload, CheckmateError):
+            # the same type on every rank: callers that fall back on an InfeasibleBudgetError
+            # (a fraction too low) do so on every rank alike, and their collectives stay paired
+            payload.add_note("rank 0 planned this graph for every rank; this is its error")
+            raise payload
         name, text = payload
         raise CheckmateError(f"rank 0 could not plan this graph ({name}): {text}")
     if kind == "none":
@@ -230,6 +296,15 @@ def _plan_once(
         )
     assert result is not None
     return result
+
+
+def _portable(exc: CheckmateError) -> CheckmateError | tuple[str, str]:
+    """``exc`` if it pickles whole (then other ranks raise its type), else its name and text."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # an error holding something that does not pickle
+        return (type(exc).__name__, str(exc))
+    return exc
 
 
 def _schedule(result: SolveResult | None) -> Schedule:

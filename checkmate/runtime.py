@@ -41,7 +41,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 from checkmate.cache import cached_solve
 from checkmate.codegen import SplitModules, generate
-from checkmate.distributed import ddp_reserve, fsdp_reserve, plan_once
+from checkmate.distributed import agree_bytes, ddp_reserve, fsdp_reserve, plan_once
 from checkmate.families import family_target, larger_shape_budget, plan_ahead, reuse
 from checkmate.records import PlanRecord
 from checkmate.scratch import flush_scratch, scratch_bytes
@@ -234,14 +234,19 @@ class Planner:
         graph = jg.graph
         ref = keep_all_peak(graph)  # what fractions refer to: simulated once per graph
         family = self.families.get(structure(graph), [])
-        target, nbytes = family_target(self.budget, ref, self.records, family)
+        budget = self.budget
+        if budget.nbytes is not None:  # every rank decides below with the same bytes
+            budget = replace(budget, nbytes=agree_bytes(budget.nbytes))
+        target, nbytes = family_target(budget, ref, self.records, family)
         if family and nbytes is not None:
             got = reuse(graph, ref, self.records, family, nbytes)
             if got is not None:
                 return got[0], None, got[1]
-            if self.budget.nbytes is not None:
+            if budget.nbytes is not None:
                 # through plan_once: ranks must agree on whether it planned ahead (a collective follows)
-                solve = lambda g, b: plan_once(g, nbytes, lambda: self._cached(g, b, profile_id))  # noqa: E731
+                solve = lambda g, b: plan_once(  # noqa: E731
+                    g, nbytes, lambda agreed: self._cached(g, Budget(nbytes=agreed), profile_id)
+                )
                 ahead = plan_ahead(graph, ref, self.records, family, nbytes, solve)
                 if ahead is not None:
                     return ahead, None, None
@@ -269,9 +274,14 @@ class Planner:
         def run(budget: Budget) -> SolveResult:
             if budget.least:  # the least peak: nothing to reserve from
                 least = replace(budget, reference=ref)
-                return plan_once(graph, -1, lambda: self._cached(graph, least, profile_id))
+                return plan_once(graph, -1, lambda _: self._cached(graph, least, profile_id))
             b = budget.for_graph(ref, reserve)
-            return plan_once(graph, b.resolve(ref), lambda: self._cached(graph, b, profile_id))
+            own = b.resolve(ref)
+            # the ranks agree on the smallest budget any of them asks
+            return plan_once(
+                graph, own,
+                lambda agreed: self._cached(graph, b if agreed == own else Budget(nbytes=agreed), profile_id),
+            )  # fmt: skip
 
         try:
             return run(target), None

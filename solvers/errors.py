@@ -5,6 +5,8 @@ Every error says what was wrong, where, and what to do. ``assert`` is kept for b
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "CheckmateError",
     "GraphError",
@@ -63,6 +65,7 @@ class InfeasibleBudgetError(CheckmateError):
         if self.minimum is not None and self.lower_bound is not None:
             self.lower_bound = min(self.lower_bound, self.minimum)
         self.reference = reference
+        self._detail = detail
         self.exact = exact or (
             self.minimum is not None and self.lower_bound is not None and self.lower_bound >= self.minimum
         )
@@ -81,10 +84,24 @@ class InfeasibleBudgetError(CheckmateError):
         msg += "; raise the budget (budget='min' plans at the least peak found)"
         super().__init__(msg)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles (to another process or rank) with its fields, not just its message."""
+        kwargs = {
+            "lower_bound": self.lower_bound,
+            "reference": self.reference,
+            "exact": self.exact,
+            "detail": self._detail,
+        }
+        return (_infeasible, (self.budget, self.minimum, kwargs), self.__dict__)
+
     @property
     def proven(self) -> bool:
         """Whether the budget is proven infeasible (below :attr:`lower_bound`)."""
         return self.lower_bound is not None and self.lower_bound > self.budget
+
+
+def _infeasible(budget: int, minimum: int | None, kwargs: dict[str, Any]) -> InfeasibleBudgetError:
+    return InfeasibleBudgetError(budget, minimum, **kwargs)
 
 
 class ScheduleError(CheckmateError):

@@ -4,7 +4,8 @@ For a transformer with dropout and a CNN with BatchNorm: ``DDP(checkmate.optimiz
 budget))`` trains like ``DDP(m)`` (parameters after three AdamW steps equal bitwise: same
 ops, same all-reduce), each rank's measured step peak stays within 5% of the per-rank
 budget (DDP's gradient buckets included), rank 0 plans and rank 1 receives its plan, and
-both run the plan with the same hash.
+both run the plan with the same hash. Ranks asking different budgets run the plan made for
+the smallest.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def _train(rank: int, kind: str, out: str) -> None:
     step(eager, 1)
     eager.zero_grad(set_to_none=True)
     eager_peak = measure_peak(lambda: step(eager, 1))
-    budget = int(SHARE[kind] * eager_peak)
+    # each rank asks its own budget, as a job that measures its memory per rank does
+    budget = int(SHARE[kind] * eager_peak * (1 - 0.03 * rank))
 
     twin = DDP(copy.deepcopy(base))
     opt_model = checkmate.optimize(copy.deepcopy(base), budget, time_limit=5.0)
@@ -100,6 +102,7 @@ def _train(rank: int, kind: str, out: str) -> None:
         "buffer_diff": bdiff,
         "plans": len(recs),
         "recomputes": sum(r.recomputes for r in recs),
+        "planned_at": [r.result.budget for r in recs],
         "cache": [str(r.result.info.get("cache", "")) for r in recs],
         "hashes": [
             plan_hash(r.joint.graph, r.result.schedule) for r in recs if r.result.schedule is not None
@@ -123,6 +126,8 @@ def test_ddp_around_an_optimized_model_trains_like_eager_ddp_within_the_budget(
     assert all(c != "rank 0" for c in ranks[0]["cache"])
     assert ranks[1]["cache"] == ["rank 0"] * len(ranks[1]["cache"]), "rank 1 planned on its own"
     assert ranks[0]["hashes"] == ranks[1]["hashes"] and ranks[0]["hashes"]
+    least = min(doc["budget"] for doc in ranks)
+    assert ranks[0]["planned_at"] == ranks[1]["planned_at"] and max(ranks[0]["planned_at"]) <= least
 
 
 def _mismatch_worker(rank: int, port: int, out: str) -> None:
@@ -137,7 +142,7 @@ def _mismatch_worker(rank: int, port: int, out: str) -> None:
     torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=30))
     graph = chain(6, mem=1 + rank)  # rank 1 traced another graph (other sizes)
     try:
-        plan_once(graph, 10**6, lambda: solve(graph, Budget(nbytes=10**6), "checkpoint-all"))
+        plan_once(graph, 10**6, lambda b: solve(graph, Budget(nbytes=b), "checkpoint-all"))
         text = "no error"
     except PlanError as exc:
         text = str(exc)
@@ -151,3 +156,77 @@ def test_a_rank_that_cannot_use_rank_0s_plan_fails_every_rank_at_once(tmp_path: 
     for r in range(WORLD):
         text = (tmp_path / f"rank{r}.txt").read_text()
         assert "rank 1: PlanError" in text and "fingerprint mismatch" in text, f"rank {r}: {text}"
+
+
+def _budgets_worker(rank: int, port: int, out: str) -> None:
+    from checkmate.distributed import plan_hash, plan_once
+    from solvers import solve
+    from solvers.budget import Budget
+    from solvers.errors import InfeasibleBudgetError
+    from tests.graphs import chain
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=30))
+    graph = chain(8, mem=10, training=True)
+    asked = ASKED[rank]
+    doc: dict[str, Any] = {}
+    try:
+        res = plan_once(graph, asked, lambda b: solve(graph, Budget(nbytes=b), "ilp"))
+        assert res.schedule is not None
+        doc.update(budget=res.budget, peak=res.peak, hash=plan_hash(graph, res.schedule))
+        try:  # rank 0 asks a budget no schedule fits: every rank sees the same error type
+            plan_once(graph, 10 if rank == 0 else 1000, lambda b: solve(graph, Budget(nbytes=b), "ilp"))
+            doc["error"] = "none"
+        except InfeasibleBudgetError as exc:
+            doc["error"] = f"InfeasibleBudgetError {exc.budget} {exc.lower_bound}"
+    finally:
+        torch.distributed.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(doc))
+
+
+#: the two ranks' budgets for an 8-layer training chain of 10-byte tensors: apart by more
+#: than one tensor, so rank 0's own plan would not fit rank 1's budget
+ASKED = (90, 60)
+
+
+def test_ranks_asking_different_budgets_all_run_the_plan_for_the_smallest(tmp_path: Path) -> None:
+    from solvers import solve
+    from solvers.budget import Budget
+    from tests.graphs import chain
+
+    graph = chain(8, mem=10, training=True)
+    own = [solve(graph, Budget(nbytes=b), "ilp") for b in ASKED]
+    assert own[0].peak > ASKED[1], "the budgets are too close: rank 0's own plan would fit rank 1's"
+    torch.multiprocessing.spawn(_budgets_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    for r, doc in enumerate(ranks):
+        assert doc["budget"] == min(ASKED) and doc["peak"] <= min(ASKED), f"rank {r}: {doc}"
+        assert doc["error"].startswith("InfeasibleBudgetError 10 "), f"rank {r}: {doc['error']}"
+    assert ranks[0]["hash"] == ranks[1]["hash"]
+
+
+def test_the_agreed_budget_is_the_smallest_and_min_must_be_asked_by_all() -> None:
+    from checkmate.distributed import agreed_budget
+    from solvers.errors import PlanError
+
+    assert agreed_budget([100, 96, 104]) == 96
+    assert agreed_budget([-1, -1]) == -1
+    with pytest.raises(PlanError, match=r"rank 0: min, rank 1: 100 B"):
+        agreed_budget([-1, 100])
+
+
+def test_the_planners_collectives_run_without_fake_mode_or_the_python_dispatcher() -> None:
+    # the partitioner runs inside both; a collective queued with the Python dispatcher on
+    # holds the GIL while it waits for gloo's queue lock, whose holder waits for the GIL
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from checkmate.distributed import _collectives
+
+    key = torch._C.DispatchKey.PythonDispatcher
+    with FakeTensorMode(), enable_python_dispatcher():
+        assert torch._C._dispatch_tls_is_dispatch_key_included(key)
+        with _collectives():
+            assert not torch._C._dispatch_tls_is_dispatch_key_included(key)
+            assert type(torch.zeros(1)) is torch.Tensor
+        assert torch._C._dispatch_tls_is_dispatch_key_included(key)

@@ -717,3 +717,17 @@ def test_fuzz_cli_plans(data: st.DataObject, fuzz_dir: Path) -> None:
     assert res.exit_code in (0, 2), res.output
     if res.exit_code == 2:
         _one_line_exit_2(res)
+
+
+def test_an_infeasible_budget_error_pickles_with_its_fields() -> None:
+    """It crosses processes whole (rank 0's error raised on every rank, a worker's error)."""
+    import pickle
+
+    from solvers.errors import InfeasibleBudgetError
+
+    exc = InfeasibleBudgetError(100, 200, lower_bound=150, reference=400, detail="a graph")
+    exc.add_note("planned on rank 0")
+    back = pickle.loads(pickle.dumps(exc))
+    assert type(back) is InfeasibleBudgetError and str(back) == str(exc)
+    fields = ("budget", "minimum", "lower_bound", "reference", "exact", "__notes__")
+    assert [getattr(back, f) for f in fields] == [getattr(exc, f) for f in fields]
