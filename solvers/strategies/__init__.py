@@ -61,6 +61,10 @@ STRATEGIES: dict[str, tuple[str, str]] = {
         "solvers.strategies.greedy:peak_greedy",
         "drop the checkpoints live at the simulated peak, least recompute cost per byte first; then repair",
     ),
+    "mincut": (
+        "solvers.strategies.mincut:mincut",
+        "minimum cuts pricing kept bytes against recompute cost (PyTorch's partitioner's choice), rate swept",
+    ),
     "gap-cover": (
         "solvers.strategies.gapcover:gap_cover",
         "covering MIP over read-to-read gaps: drop a value between two reads, recompute it from resident inputs",

@@ -21,6 +21,7 @@ HEURISTICS = (
     "chen-greedy",
     "peak-greedy",
     "gap-cover",
+    "mincut",
     "griewank",
     "dtr",
     "dtr-full",
