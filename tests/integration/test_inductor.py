@@ -99,3 +99,28 @@ def test_the_default_compiler_is_aot() -> None:
     model, x = _cnn()
     opt = checkmate.optimize(model, 0.7, (x,), time_limit=10)
     assert [r.compiler for r in checkmate.plans_of(opt)] == ["aot"]
+
+
+def test_inductor_asks_the_plans_fusion_rule_in_the_forward_and_the_backward(
+    references: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the rule reaches Inductor through compile_fx's inner_compile, which it also uses for
+    # the backward it compiles lazily: a torch release that bypassed it would drop the rule
+    # silently, and with it the budget (a GPT-2 measured 1.26x its simulated peak without)
+    from checkmate.runtime import _PlanOrderChoices
+
+    asked: dict[int, int] = {}
+    original = _PlanOrderChoices.can_fuse_horizontal
+
+    def spy(self: Any, *args: Any) -> bool:
+        asked[id(self)] = asked.get(id(self), 0) + 1
+        return original(self, *args)
+
+    monkeypatch.setattr(_PlanOrderChoices, "can_fuse_horizontal", spy)
+    model, x, _, _ = references["transformer"]
+    with pytest.warns(BudgetWarning):
+        opt = checkmate.optimize(copy.deepcopy(model), 0.5, compiler="inductor", time_limit=20)
+    _grads(opt, x)
+    assert len(asked) >= 2, (
+        f"the rule was asked by {len(asked)} compile(s), not the forward's and the backward's"
+    )
