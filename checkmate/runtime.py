@@ -44,7 +44,7 @@ from checkmate.codegen import SplitModules, generate
 from checkmate.distributed import agree_bytes, ddp_reserve, fsdp_reserve, plan_once
 from checkmate.families import family_target, larger_shape_budget, plan_ahead, reuse
 from checkmate.records import PlanRecord
-from checkmate.scratch import flush_scratch, scratch_bytes
+from checkmate.scratch import flush_scratch, prefetch_scratch, scratch_bytes
 from checkmate.timers import stage
 from checkmate.trace import JointGraph, build_graph, recompute_dropout_from_mask
 from solvers.api import no_plan_error
@@ -183,6 +183,8 @@ class Planner:
         # folded into the sum (checkmate.trace.into_addmm). Generated ops are not folded
         # (README, "Compilers": it needs horizontal fusions that break the plan's peak)
         fuse = _fold_nothing_else if compiler == "inductor" else None
+        with stage("scratch", spent):  # at once: in one worker process under a profiler
+            prefetch_scratch(joint.graph.nodes)
         jg = build_graph(
             joint, num_fwd_outputs, costs, scratch=scratch, fuse=fuse, name=f"graph{len(self.records)}"
         )

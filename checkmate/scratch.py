@@ -6,9 +6,23 @@ must not run outside the step). Measurements persist like op times
 (:mod:`checkmate.devcache`), in ``<cache dir>/scratch/<device tag>.json``;
 :func:`flush_scratch` writes the new ones. Sizes are rounded, so that allocator noise
 cannot change the graph (and with it the plan-cache key) from one process to the next.
+
+On the CPU only the allocator sees an op's scratch (a kernel's temporaries never reach the
+dispatcher), and its events come from the profiler, of which one runs at a time. When the
+first training step runs inside a profiler (the user's, or ``measure_peak``), the CPU ops
+whose scratch is not known yet are measured in a worker process instead
+(:func:`prefetch_scratch`): measured in place, ``native_dropout_backward``'s float copy of its
+mask (a full activation) read as 0, and the plan ran 1.08x over its budget.
 """
 
 from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -18,7 +32,7 @@ from checkmate.devcache import DeviceTable
 from checkmate.ops import is_mutation, is_random
 from checkmate.timing import ProfileWarning, device_tag
 
-__all__ = ["SCRATCH", "scratch_bytes", "flush_scratch"]
+__all__ = ["SCRATCH", "scratch_bytes", "prefetch_scratch", "flush_scratch"]
 
 #: scratch below this many bytes is ignored (scalars wrapped into tensors, tiny reductions)
 _SCRATCH_MIN = 4096
@@ -26,24 +40,53 @@ _SCRATCH_MIN = 4096
 _SCRATCH_ROUND = 4096
 
 #: scratch bytes per op key, per device
-SCRATCH = DeviceTable("scratch", "checkmate-scratch", 1, int, "scratch-space cache", ProfileWarning)
+SCRATCH = DeviceTable("scratch", "checkmate-scratch", 2, int, "scratch-space cache", ProfileWarning)
 _TAGS: dict[str, str] = {}
 
 
 def scratch_bytes(node: fx.Node) -> int:
     """Scratch bytes ``node`` allocates beyond its outputs (see the module docstring);
     measured on first sight of its signature on its device, from the cache after."""
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload) or is_mutation(target) or is_random(target):
+    got = _signature(node)
+    if got is None:
         return 0
-    vals = fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
-    key = repr((node.target, torch.utils._pytree.tree_map(_describe, vals)))
-    tag = _tag(vals)
+    key, tag, _ = got
     table = SCRATCH.table(tag)
     if key not in table:
-        with unset_fake_temporarily():  # the partitioner runs under AOTAutograd's fake mode
-            SCRATCH.add(tag, key, measure_scratch(node, vals))
+        prefetch_scratch([node])
     return table[key]
+
+
+def prefetch_scratch(nodes: Iterable[fx.Node]) -> None:
+    """Measure the scratch of those ``nodes`` whose signature is not known yet, together:
+    in a worker process when a profiler is running and they run on the CPU (see the module
+    docstring), else here, one after the other."""
+    todo: dict[tuple[str, str], tuple[fx.Node, object]] = {}
+    for node in nodes:
+        got = _signature(node)
+        if got is not None and got[0] not in SCRATCH.table(got[1]):
+            todo.setdefault((got[1], got[0]), (node, got[2]))
+    if not todo:
+        return
+    isolated: dict[tuple[str, str], int] = {}
+    if torch._C._autograd._profiler_enabled():
+        cpu = [k for k, (_, vals) in todo.items() if _tag_device(vals) == "cpu"]
+        isolated = _measure_in_worker({k: todo[k] for k in cpu})
+    with unset_fake_temporarily():  # the partitioner runs under AOTAutograd's fake mode
+        for (tag, key), (node, vals) in todo.items():
+            nbytes = isolated.get((tag, key))
+            SCRATCH.add(tag, key, measure_scratch(node, vals) if nbytes is None else nbytes)
+
+
+def _signature(node: fx.Node) -> tuple[str, str, object] | None:
+    """``(key, device tag, traced args and kwargs)`` of an op whose scratch is measured; None
+    for the others (no aten op, random or mutating)."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or is_mutation(target) or is_random(target):
+        return None
+    vals = fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
+    key = repr((node.target, torch.utils._pytree.tree_map(_describe, vals)))
+    return key, _tag(vals), vals
 
 
 def flush_scratch() -> None:
@@ -64,6 +107,10 @@ def _tag(vals: object) -> str:
 def measure_scratch(node: fx.Node, vals: object) -> int:
     """Run ``node``'s op once on random inputs shaped like ``vals`` (its traced args and
     kwargs): the bytes its peak exceeds its outputs by, rounded; 0 below ``_SCRATCH_MIN``."""
+    return _measure(node.target, vals)
+
+
+def _measure(target: Any, vals: object) -> int:
     from checkmate.memory import measure_peak
 
     def real(x: object) -> object:
@@ -77,7 +124,7 @@ def measure_scratch(node: fx.Node, vals: object) -> int:
     out: list[object] = [None]
 
     def run() -> None:
-        out[0] = node.target(*args, **kwargs)  # type: ignore[operator]
+        out[0] = target(*args, **kwargs)
 
     peak = measure_peak(run)
     produced = sum(
@@ -95,3 +142,78 @@ def _describe(x: object) -> object:
     if isinstance(x, torch.Tensor):
         return (tuple(x.shape), str(x.dtype), str(x.device))
     return x
+
+
+def _tag_device(vals: object) -> str:
+    devices = [x.device.type for x in torch.utils._pytree.tree_leaves(vals) if isinstance(x, torch.Tensor)]
+    return devices[0] if devices else "cpu"
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """A tensor argument, for the worker: it makes a random one of this shape and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+#: seconds the scratch worker may take (start-up included) before its ops are measured here
+WORKER_TIMEOUT = 120.0
+_WORKER = "from checkmate.scratch import _worker_main; _worker_main()"
+
+
+def _measure_in_worker(todo: dict[tuple[str, str], tuple[fx.Node, object]]) -> dict[tuple[str, str], int]:
+    """The scratch of ``todo``'s CPU ops measured in a fresh process (no profiler running
+    there); those it could not measure (an op of the user's own library, an argument that
+    does not pickle) are missing from the answer."""
+    from solvers._subprocess import worker_command
+
+    jobs: list[tuple[tuple[str, str], str, object]] = []
+    for k, (node, vals) in todo.items():
+        spec = torch.utils._pytree.tree_map(
+            lambda x: _Spec(tuple(int(d) for d in x.shape), x.dtype) if isinstance(x, torch.Tensor) else x,
+            vals,
+        )
+        try:
+            payload = pickle.dumps((str(node.target), spec))
+        except Exception:  # a symbolic size, an object of the user's: measured here
+            continue
+        jobs.append((k, str(node.target), payload))
+    if not jobs:
+        return {}
+    argv, env = worker_command(_WORKER)
+    try:
+        proc = subprocess.run(
+            argv,
+            input=pickle.dumps([p for _, _, p in jobs]),
+            capture_output=True,
+            env=env,
+            timeout=WORKER_TIMEOUT,
+        )
+        answers = pickle.loads(proc.stdout)
+    except Exception:  # the worker died or timed out: measured here, as before
+        return {}
+    return {k: int(n) for (k, _, _), n in zip(jobs, answers) if n is not None}
+
+
+def _worker_main() -> None:
+    """The worker: read pickled ``(op name, args and kwargs)`` jobs on stdin, answer each with
+    its scratch bytes (None where the op could not run) on stdout."""
+    from solvers._subprocess import claim_stdout
+
+    out = claim_stdout()
+    torch.set_num_threads(1)
+    answers: list[int | None] = []
+    for payload in pickle.load(sys.stdin.buffer):
+        try:
+            name, spec = pickle.loads(payload)
+            ns, op, overload = name.split(".")
+            target = getattr(getattr(getattr(torch.ops, ns), op), overload)
+            vals = torch.utils._pytree.tree_map(
+                lambda x: torch.empty(x.shape, dtype=x.dtype) if isinstance(x, _Spec) else x, spec
+            )
+            answers.append(_measure(target, vals))
+        except Exception:
+            answers.append(None)
+    out.write(pickle.dumps(answers))
+    out.flush()

@@ -1,0 +1,72 @@
+"""Scratch space (an op's temporaries beyond its outputs) is measured right even when the
+step that plans runs inside a profiler, where the allocator's events are not ours to read."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.fx as fx
+
+import checkmate
+import checkmate.scratch as sc
+from checkmate.devcache import DeviceTable
+from checkmate.memory import measure_peak
+from checkmate.timing import ProfileWarning
+from tests.integration._models import TinyTransformer
+
+pytestmark = pytest.mark.torch
+
+
+def _dropout_backward_node() -> fx.Node:
+    """A ``native_dropout_backward`` node: on the CPU it makes a float copy of its mask (a
+    temporary as large as its output) that only the allocator sees."""
+    g = fx.Graph()
+    x, mask = g.placeholder("x"), g.placeholder("mask")
+    x.meta["val"] = torch.empty(8, 4, 64, 64)
+    mask.meta["val"] = torch.empty(8, 4, 64, 64, dtype=torch.bool)
+    node = g.call_function(torch.ops.aten.native_dropout_backward.default, (x, mask, 1.1))
+    node.meta["val"] = torch.empty(8, 4, 64, 64)
+    return node
+
+
+def _fresh_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHECKMATE_CACHE", "0")
+    monkeypatch.setattr(
+        sc,
+        "SCRATCH",
+        DeviceTable("scratch", "checkmate-scratch", 2, int, "scratch-space cache", ProfileWarning),
+    )
+
+
+def test_scratch_measured_inside_a_profiler_equals_the_scratch_measured_outside(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    node = _dropout_backward_node()
+    _fresh_table(monkeypatch)
+    outside = sc.scratch_bytes(node)
+    assert outside >= 8 * 4 * 64 * 64 * 4  # the float copy of the mask
+    _fresh_table(monkeypatch)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True):
+        inside = sc.scratch_bytes(node)
+    assert inside == outside
+
+
+def test_a_plan_made_while_the_first_step_is_measured_holds_its_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the first step (which plans) runs inside measure_peak's profiler; the op costs come
+    # from the cpu profile. With the scratch of dropout's recompute measured as 0 there, this
+    # plan measured 1.07x its budget
+    _fresh_table(monkeypatch)
+    torch.manual_seed(0)
+    model = TinyTransformer(vocab=64, d=64, layers=2, p=0.1).train()
+    x = torch.randint(0, 64, (8, 64))
+    opt = checkmate.optimize(copy.deepcopy(model), 0.5, profile="cpu", time_limit=10)
+    measure_peak(lambda: opt(x).mean().backward())
+    (record,) = checkmate.plans_of(opt)
+    assert record.recomputes > 0
+    opt.zero_grad(set_to_none=True)
+    peak = measure_peak(lambda: opt(x).mean().backward())
+    assert peak <= record.result.budget, f"measured {peak / record.result.budget:.3f}x the budget"
