@@ -81,7 +81,11 @@ class InfeasibleBudgetError(CheckmateError):
                 msg += f"; every schedule needs at least {_fmt(self.lower_bound, reference)}"
             if self.minimum is not None:
                 msg += f"; the least peak found is {_fmt(self.minimum, reference)}, so that budget has a plan"
-        msg += "; raise the budget (budget='min' plans at the least peak found)"
+        if self.minimum is not None and self.minimum <= self.budget:
+            # the strategy asked for missed a schedule that the least-peak search found
+            msg += "; that schedule fits this budget: plan with strategy='auto', which uses it"
+        else:
+            msg += "; raise the budget (budget='min' plans at the least peak found)"
         super().__init__(msg)
 
     def __reduce__(self) -> tuple[Any, ...]:

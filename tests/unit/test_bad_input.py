@@ -731,3 +731,14 @@ def test_an_infeasible_budget_error_pickles_with_its_fields() -> None:
     assert type(back) is InfeasibleBudgetError and str(back) == str(exc)
     fields = ("budget", "minimum", "lower_bound", "reference", "exact", "__notes__")
     assert [getattr(back, f) for f in fields] == [getattr(exc, f) for f in fields]
+
+
+def test_an_infeasible_budget_error_whose_least_peak_fits_names_auto_not_a_larger_budget() -> None:
+    """A strategy asked by name missed a schedule that the least-peak search found within the
+    budget: raising the budget is not what to do."""
+    from solvers.errors import InfeasibleBudgetError
+
+    fits = str(InfeasibleBudgetError(100, 90, lower_bound=50, detail="peak-greedy: no_solution"))
+    assert "strategy='auto'" in fits and "raise the budget" not in fits
+    over = str(InfeasibleBudgetError(100, 120, lower_bound=50))
+    assert "raise the budget" in over and "strategy='auto'" not in over
