@@ -227,11 +227,31 @@ def _own_function(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def plans_of(module: nn.Module) -> list[PlanRecord]:
-    """The plans made so far for an optimized module, one per compiled graph."""
-    state = module.__dict__.get(_STATE)
-    if state is None:
-        raise CheckmateError("this module was not returned by checkmate.optimize")
-    return list(state.planner.records)
+    """The plans made so far for an optimized module, one per compiled graph.
+
+    ``module`` is what :func:`optimize` returned, or that module inside the wrappers a
+    training script puts around it: ``torch.compile`` (its ``_orig_mod``), DDP and
+    ``DataParallel`` (their ``module``).
+
+    Raises:
+        CheckmateError: ``module`` is no optimized module, nor wraps one.
+    """
+    seen = module
+    for _ in range(8):  # wrappers of wrappers: compile(DDP(optimized)), ...
+        state = seen.__dict__.get(_STATE)
+        if state is not None:
+            return list(state.planner.records)
+        inner = getattr(seen, "_orig_mod", None)
+        if inner is None and isinstance(seen, nn.parallel.DistributedDataParallel | nn.DataParallel):
+            inner = seen.module
+        if not isinstance(inner, nn.Module):
+            break
+        seen = inner
+    raise CheckmateError(
+        f"plans_of: this {type(module).__name__} was not returned by checkmate.optimize, nor wraps a "
+        "module that was (torch.compile, DDP and DataParallel are looked through); pass the module "
+        "optimize returned"
+    )
 
 
 def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -21,6 +21,7 @@ from torch import nn
 import checkmate
 from checkmate.api import UnplannedWarning
 from checkmate.memory import measure_peak
+from solvers.errors import CheckmateError
 from tests.integration._models import MLP, Block
 
 pytestmark = pytest.mark.torch
@@ -76,6 +77,11 @@ def test_torch_compile_of_an_optimized_module_plans() -> None:
     plans = checkmate.plans_of(opt)
     assert len(plans) == 1 and plans[0].recomputes > 0
     assert all(torch.equal(a, b) for a, b in zip(_eager_grads(x), got))
+    # the wrappers a training script puts around the optimized module are looked through
+    for wrapped in (compiled, torch.nn.DataParallel(opt), torch.compile(torch.nn.DataParallel(opt))):
+        assert checkmate.plans_of(wrapped) == plans
+    with pytest.raises(CheckmateError, match=r"OptimizedModule was not returned by checkmate\.optimize"):
+        checkmate.plans_of(torch.compile(_mlp()))
 
 
 def test_optimize_of_a_compiled_module_plans_its_original() -> None:
