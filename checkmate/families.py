@@ -34,22 +34,28 @@ AHEAD = 2.0
 
 
 def family_target(
-    budget: Budget, ref: int, records: Sequence[PlanRecord], family: Sequence[int]
+    budget: Budget, ref: int, records: Sequence[PlanRecord], family: Sequence[int], reserve: int = 0
 ) -> tuple[Budget, int | None]:
     """The budget to plan a graph of keep-all peak ``ref`` at and, when it is a byte
-    budget or the graph has a family, its bytes.
+    budget or the graph has a family, its bytes, for the graph alone: ``reserve`` bytes
+    held beside the graph (DDP's gradient buckets, FSDP2's parameters) are taken off.
 
-    A byte budget is itself. A fraction is of the graph's own keep-all peak, but never
-    less than the bytes a larger graph of its family was planned at: the step's memory is
-    then that of the family's largest planned shape, and a shorter batch always has a plan
-    (the larger one's schedule fits it).
+    A byte budget is itself, less ``reserve``. A fraction is of the graph's own keep-all
+    peak, but never less than the bytes a larger graph of its family was planned at: the
+    step's memory is then that of the family's largest planned shape, and a shorter batch
+    always has a plan (the larger one's schedule fits it). A fraction without a family is
+    returned as it is (the reserve is taken off where it is resolved).
     """
+    if budget.least:  # the least peak: no bytes before planning
+        return budget, None
     if budget.fraction is None:
-        return budget, budget.nbytes
+        assert budget.nbytes is not None
+        net = max(budget.nbytes - reserve, 1)
+        return Budget(nbytes=net, reference=ref), net
     if not family:
         return budget, None
     floor = max(records[i].result.budget for i in family)
-    target = max(budget.resolve(ref), floor)
+    target = max(budget.resolve(ref) - reserve, floor)
     return Budget(nbytes=target, reference=ref), target
 
 

@@ -239,7 +239,10 @@ class Planner:
         budget = self.budget
         if budget.nbytes is not None:  # every rank decides below with the same bytes
             budget = replace(budget, nbytes=agree_bytes(budget.nbytes))
-        target, nbytes = family_target(budget, ref, self.records, family)
+        # DDP's gradient buckets, FSDP2's unsharded parameters: live beside the graph
+        reserve = ddp_reserve() + fsdp_reserve()
+        # bytes for the graph alone (a fraction without a family: resolved in _plan)
+        target, nbytes = family_target(budget, ref, self.records, family, reserve)
         if family and nbytes is not None:
             got = reuse(graph, ref, self.records, family, nbytes)
             if got is not None:
@@ -252,7 +255,7 @@ class Planner:
                 ahead = plan_ahead(graph, ref, self.records, family, nbytes, solve)
                 if ahead is not None:
                     return ahead, None, None
-        res, asked = self._plan(graph, ref, profile_id, target)
+        res, asked = self._plan(graph, ref, profile_id, target, reserve)
         if not res.ok or res.schedule is None:
             # both numbers: the proven bound, and the least peak a schedule found reaches
             raise no_plan_error(graph, res, time_limit=self.time_limit)
@@ -266,18 +269,17 @@ class Planner:
         )  # fmt: skip
 
     def _plan(
-        self, graph: Graph, ref: int, profile_id: str, target: Budget
+        self, graph: Graph, ref: int, profile_id: str, target: Budget, reserve: int
     ) -> tuple[SolveResult, int | None]:
         """Solve ``graph`` (keep-all peak ``ref``) at ``target``; see :meth:`partition` for
-        a fraction infeasible for a small graph."""
-        # DDP's gradient buckets, FSDP2's unsharded parameters: live beside the graph
-        reserve = ddp_reserve() + fsdp_reserve()
+        a fraction infeasible for a small graph. Bytes are the graph's own; a fraction's
+        bytes are taken ``reserve`` off."""
 
         def run(budget: Budget) -> SolveResult:
             if budget.least:  # the least peak: nothing to reserve from
                 least = replace(budget, reference=ref)
                 return plan_once(graph, -1, lambda _: self._cached(graph, least, profile_id))
-            b = budget.for_graph(ref, reserve)
+            b = budget.for_graph(ref, reserve if budget.fraction is not None else 0)
             own = b.resolve(ref)
             # the ranks agree on the smallest budget any of them asks
             return plan_once(

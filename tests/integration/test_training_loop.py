@@ -136,3 +136,21 @@ def test_growing_shapes_under_a_byte_budget_plan_ahead() -> None:
         assert r.result.peak is not None and r.result.peak <= budget  # simulated, at its sizes
     assert len(planner.records) == len(lengths)
     assert planner.plans_made <= 3
+
+
+def test_the_family_target_is_the_graphs_own_bytes_net_of_what_ddp_holds_beside_it() -> None:
+    # reusing a family's plan at new sizes is checked against these bytes: with DDP's
+    # gradient buckets left in, a reused plan could run over the per-rank budget by them
+    from types import SimpleNamespace
+
+    from checkmate.families import family_target
+    from solvers.budget import Budget
+
+    records = [SimpleNamespace(result=SimpleNamespace(budget=700))]  # planned net of a reserve
+    target, nbytes = family_target(Budget(nbytes=1000), 2000, records, [0], reserve=300)  # type: ignore[arg-type]
+    assert nbytes == 700 and target.nbytes == 700
+    # a fraction: its bytes less the reserve, never below what the family was planned at
+    assert family_target(Budget(fraction=0.5), 2000, records, [0], reserve=200)[1] == 800  # type: ignore[arg-type]
+    assert family_target(Budget(fraction=0.5), 1000, records, [0], reserve=200)[1] == 700  # type: ignore[arg-type]
+    assert family_target(Budget(fraction=0.5), 2000, records, [], reserve=200) == (Budget(fraction=0.5), None)  # type: ignore[arg-type]
+    assert family_target(Budget.least_peak(), 2000, records, [0], reserve=200)[1] is None  # type: ignore[arg-type]
