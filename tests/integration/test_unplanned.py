@@ -170,3 +170,19 @@ def test_the_unplanned_warning_names_dynamos_recompile_limit_when_it_was_hit() -
         pytest.skip("this torch version compiled the step past the other modules' recompile limit")
     assert "warning" in run.stdout and "recompile limit" in run.stdout, run.stdout
     assert "allow_rnn" not in run.stdout, "the other modules hit the recompile limit, not an RNN"
+
+
+def test_a_retained_graph_backs_up_twice_and_a_double_backward_says_it_is_not_supported() -> None:
+    x = torch.randn(256, 32)
+    grads = []
+    for model in (_mlp(), checkmate.optimize(_mlp(), 0.6, time_limit=TIME_LIMIT)):
+        out = model(x)
+        out.pow(2).mean().backward(retain_graph=True)  # the saved checkpoints outlive one backward
+        out.abs().mean().backward()
+        grads.append([p.grad for p in model.parameters()])
+    assert checkmate.plans_of(model)[0].recomputes > 0
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    xg = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(model(xg).sum(), xg, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):  # the README names this limit
+        g.pow(2).sum().backward()
