@@ -23,8 +23,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkmate
 from checkmate.memory import measure_peak
-from examples.train_transformer import TinyGPT
 from solvers import format_bytes
+
+try:
+    from examples.train_transformer import TinyGPT
+except ModuleNotFoundError:  # run as a script (torchrun examples/train_ddp.py): its own folder is on sys.path
+    from train_transformer import TinyGPT  # type: ignore[no-redef]
 
 
 def main() -> None:
