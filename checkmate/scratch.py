@@ -20,6 +20,7 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +73,14 @@ def prefetch_scratch(nodes: Iterable[fx.Node]) -> None:
     if torch._C._autograd._profiler_enabled():
         cpu = [k for k, (_, vals) in todo.items() if _tag_device(vals) == "cpu"]
         isolated = _measure_in_worker({k: todo[k] for k in cpu})
+        if len(isolated) < len(cpu):
+            warnings.warn(
+                f"the scratch space of {len(cpu) - len(isolated)} CPU op(s) was measured inside a running "
+                "profiler, which hides an op's temporaries: the plan may exceed its budget by them; plan "
+                "outside the profiler (run one training step before starting it)",
+                ProfileWarning,
+                stacklevel=2,
+            )
     with unset_fake_temporarily():  # the partitioner runs under AOTAutograd's fake mode
         for (tag, key), (node, vals) in todo.items():
             nbytes = isolated.get((tag, key))

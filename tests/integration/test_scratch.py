@@ -70,3 +70,16 @@ def test_a_plan_made_while_the_first_step_is_measured_holds_its_budget(
     opt.zero_grad(set_to_none=True)
     peak = measure_peak(lambda: opt(x).mean().backward())
     assert peak <= record.result.budget, f"measured {peak / record.result.budget:.3f}x the budget"
+
+
+def test_scratch_the_worker_cannot_measure_is_measured_here_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    node = _dropout_backward_node()
+    _fresh_table(monkeypatch)
+    monkeypatch.setattr(sc, "_measure_in_worker", lambda todo: {})  # e.g. an op of the user's library
+    with (
+        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True),
+        pytest.warns(ProfileWarning, match="inside a running profiler"),
+    ):
+        sc.scratch_bytes(node)
