@@ -109,7 +109,9 @@ def test_optimize_of_an_optimized_module_plans_at_the_new_budget() -> None:
 def test_a_byte_budget_between_keep_all_and_eager_holds_as_measured() -> None:
     torch.manual_seed(0)
     model = Block(64, p=0.1).train()
-    x = torch.randn(4, 32, 64)
+    # long sequences: eager autograd measured 1.14x the keep-all peak here (at 4 x 32 only
+    # 1.04-1.08x, too close to the 5% this test needs, once dropout's scratch is counted)
+    x = torch.randn(2, 128, 64)
 
     def step(m: nn.Module) -> None:
         for p in m.parameters():
