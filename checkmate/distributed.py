@@ -208,7 +208,8 @@ def _collectives() -> Iterator[None]:
 
 
 def agree_bytes(nbytes: int) -> int:
-    """The smallest of the ranks' byte budgets (``nbytes`` without a process group).
+    """The smallest of the ranks' byte budgets (``nbytes`` without a process group; ``-1``
+    when every rank asks the least peak, see :func:`agreed_budget`).
 
     Ranks that measured their own memory ask slightly different budgets; every decision
     the planner makes before it plans (reuse a plan of the graph's family, plan ahead) must
@@ -246,9 +247,7 @@ def _plan_once(
     graph: Graph, budget_bytes: int, solve: Callable[[int], SolveResult], rank: int, world: int
 ) -> SolveResult:
     dist = torch.distributed
-    asked: list[Any] = [None] * world
-    dist.all_gather_object(asked, int(budget_bytes))
-    budget_bytes = agreed_budget(asked)  # raises on every rank alike: they all see the same list
+    budget_bytes = agree_bytes(budget_bytes)  # raises on every rank alike: they all see the same list
     message: list[Any] = [None]
     result: SolveResult | None = None
     if rank == 0:
