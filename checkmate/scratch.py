@@ -30,7 +30,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from checkmate.devcache import DeviceTable
-from checkmate.ops import is_mutation, is_random
+from checkmate.ops import is_mutation, is_random, is_view
 from checkmate.timing import ProfileWarning, device_tag
 
 __all__ = ["SCRATCH", "scratch_bytes", "prefetch_scratch", "flush_scratch"]
@@ -89,9 +89,11 @@ def prefetch_scratch(nodes: Iterable[fx.Node]) -> None:
 
 def _signature(node: fx.Node) -> tuple[str, str, object] | None:
     """``(key, device tag, traced args and kwargs)`` of an op whose scratch is measured; None
-    for the others (no aten op, random or mutating)."""
+    for the others (no aten op, random or mutating, a view: it allocates nothing)."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload) or is_mutation(target) or is_random(target):
+        return None
+    if is_view(target):
         return None
     vals = fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
     key = repr((node.target, torch.utils._pytree.tree_map(_describe, vals)))
