@@ -250,7 +250,7 @@ class Planner:
             if budget.nbytes is not None:
                 # through plan_once: ranks must agree on whether it planned ahead (a collective follows)
                 solve = lambda g, b: plan_once(  # noqa: E731
-                    g, nbytes, lambda agreed: self._cached(g, Budget(nbytes=agreed), profile_id)
+                    g, nbytes, lambda agreed: self._solved(g, Budget(nbytes=agreed), profile_id)
                 )
                 ahead = plan_ahead(graph, ref, self.records, family, nbytes, solve)
                 if ahead is not None:
@@ -260,6 +260,16 @@ class Planner:
             # both numbers: the proven bound, and the least peak a schedule found reaches
             raise no_plan_error(graph, res, time_limit=self.time_limit)
         return replace(res, info={**res.info, "reference": ref}), asked, None  # a pinned plan may lack it
+
+    def _solved(self, graph: Graph, budget: Budget, profile_id: str) -> SolveResult:
+        """:meth:`_cached`'s plan, or the :class:`InfeasibleBudgetError` naming the budget that
+        has one. Raised where the solve runs: under torch.distributed rank 0 sends it whole to
+        every rank, so that all take the same fallback (a budget proven too small and one
+        whose schedule was not found in time alike)."""
+        res = self._cached(graph, budget, profile_id)
+        if not res.ok or res.schedule is None:
+            raise no_plan_error(graph, res, time_limit=self.time_limit)
+        return res
 
     def _cached(self, graph: Graph, budget: Budget, profile_id: str) -> SolveResult:
         """The plan cache's plan of ``graph`` at ``budget``, with this planner's settings."""
@@ -278,13 +288,13 @@ class Planner:
         def run(budget: Budget) -> SolveResult:
             if budget.least:  # the least peak: nothing to reserve from
                 least = replace(budget, reference=ref)
-                return plan_once(graph, -1, lambda _: self._cached(graph, least, profile_id))
+                return plan_once(graph, -1, lambda _: self._solved(graph, least, profile_id))
             b = budget.for_graph(ref, reserve if budget.fraction is not None else 0)
             own = b.resolve(ref)
             # the ranks agree on the smallest budget any of them asks
             return plan_once(
                 graph, own,
-                lambda agreed: self._cached(graph, b if agreed == own else Budget(nbytes=agreed), profile_id),
+                lambda agreed: self._solved(graph, b if agreed == own else Budget(nbytes=agreed), profile_id),
             )  # fmt: skip
 
         try:

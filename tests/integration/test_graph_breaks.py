@@ -162,3 +162,23 @@ def test_a_planned_model_does_not_warn(budget: float) -> None:
         assert all(r.is_eager for r in plans_of(opt))
     else:
         assert any(r.recomputes for r in plans_of(opt))
+
+
+def test_a_schedule_not_found_in_time_raises_where_the_solve_runs_as_a_proven_one_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # both then take the small-graph fallback, and under torch.distributed rank 0 sends the
+    # error itself to every rank (a result without a schedule made rank 0 raise
+    # InfeasibleBudgetError while rank 1 raised CheckmateError, and their collectives parted)
+    from checkmate.runtime import Planner
+    from solvers import keep_all_peak, memory_lower_bound
+    from solvers.budget import Budget
+    from tests.graphs import chain
+
+    monkeypatch.setenv("CHECKMATE_CACHE", "0")
+    graph = chain(8, mem=10, training=True)
+    nbytes = (memory_lower_bound(graph) + keep_all_peak(graph)) // 2  # above the proven bound
+    planner = Planner(Budget(nbytes=nbytes), strategy="checkpoint-all")
+    with pytest.raises(InfeasibleBudgetError, match=r"checkpoint-all: no_solution") as caught:
+        planner._solved(graph, Budget(nbytes=nbytes), "cpu")
+    assert not caught.value.proven and caught.value.minimum is not None
