@@ -310,6 +310,11 @@ class Planner:
                 return run(Budget(nbytes=larger)), exc.budget
             largest = max((self.records[i].reference_peak for i in self.steps.get(self.step, [])), default=0)
             if fraction is None or 2 * ref > largest:
+                if reserve:  # the bytes in the message are the graph's own: say where the rest went
+                    exc.add_note(
+                        f"{format_bytes(reserve)} of the budget asked is held beside this graph (DDP's "
+                        "gradient buckets, FSDP2's unsharded parameters) and was taken off it"
+                    )
                 raise
             asked, minimum = exc.budget, exc.minimum
         res: SolveResult | None = None
