@@ -148,3 +148,17 @@ def test_budget_min_plans_in_one_call(name: str) -> None:
     # the least peak found is below what keeping everything needs (something was dropped)
     assert all(p.result.peak is not None and p.result.peak < p.reference_peak for p in plans)
     assert sum(p.recomputes for p in plans) > 0
+
+
+def test_an_infeasible_budget_says_what_was_held_beside_the_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    # inside DDP's forward the gradient buckets are taken off the budget: the bytes the error
+    # names are the graph's own, and a note says where the rest of the budget went
+    import checkmate.runtime
+
+    monkeypatch.setenv("CHECKMATE_CACHE", "0")
+    monkeypatch.setattr(checkmate.runtime, "ddp_reserve", lambda: 3 << 20)
+    torch.manual_seed(0)
+    opt = checkmate.optimize(SmallCNN(8, 2).train(), 0.6, time_limit=2)
+    with pytest.raises(InfeasibleBudgetError) as caught:
+        opt(torch.randn(8, 3, 16, 16)).sum().backward()
+    assert any("3.00 MiB of the budget asked is held beside this graph" in n for n in caught.value.__notes__)
