@@ -321,9 +321,7 @@ class Planner:
         if minimum is not None and minimum < ref:
             try:
                 res = run(Budget(nbytes=minimum))
-            except InfeasibleBudgetError:
-                res = None
-            if res is not None and (not res.ok or res.schedule is None):
+            except InfeasibleBudgetError:  # run() returns plans only (see _solved)
                 res = None
         if res is None:
             res = run(Budget(nbytes=ref))  # keep-all fits its own peak

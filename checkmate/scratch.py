@@ -71,7 +71,7 @@ def prefetch_scratch(nodes: Iterable[fx.Node]) -> None:
         return
     isolated: dict[tuple[str, str], int] = {}
     if torch._C._autograd._profiler_enabled():
-        cpu = [k for k, (_, vals) in todo.items() if _tag_device(vals) == "cpu"]
+        cpu = [k for k, (_, vals) in todo.items() if _device(vals).type == "cpu"]
         isolated = _measure_in_worker({k: todo[k] for k in cpu})
         if len(isolated) < len(cpu):
             warnings.warn(
@@ -105,10 +105,15 @@ def flush_scratch() -> None:
     SCRATCH.flush()
 
 
+def _device(vals: object) -> torch.device:
+    """The device of the first tensor in ``vals`` (the CPU when there is none)."""
+    devices = [x.device for x in torch.utils._pytree.tree_leaves(vals) if isinstance(x, torch.Tensor)]
+    return devices[0] if devices else torch.device("cpu")
+
+
 def _tag(vals: object) -> str:
     """The device tag of the first tensor in ``vals`` (cpu when there is none)."""
-    devices = [x.device for x in torch.utils._pytree.tree_leaves(vals) if isinstance(x, torch.Tensor)]
-    dev = str(devices[0]) if devices else "cpu"
+    dev = str(_device(vals))
     tag = _TAGS.get(dev)
     if tag is None:  # device_tag reads /proc/cpuinfo: once per device, not once per op
         tag = _TAGS[dev] = device_tag(dev)
@@ -155,11 +160,6 @@ def _describe(x: object) -> object:
     return x
 
 
-def _tag_device(vals: object) -> str:
-    devices = [x.device.type for x in torch.utils._pytree.tree_leaves(vals) if isinstance(x, torch.Tensor)]
-    return devices[0] if devices else "cpu"
-
-
 @dataclass(frozen=True)
 class _Spec:
     """A tensor argument, for the worker: it makes a random one of this shape and dtype."""
@@ -179,7 +179,7 @@ def _measure_in_worker(todo: dict[tuple[str, str], tuple[fx.Node, object]]) -> d
     does not pickle) are missing from the answer."""
     from solvers._subprocess import worker_command
 
-    jobs: list[tuple[tuple[str, str], str, object]] = []
+    jobs: list[tuple[tuple[str, str], bytes]] = []
     for k, (node, vals) in todo.items():
         spec = torch.utils._pytree.tree_map(
             lambda x: _Spec(tuple(int(d) for d in x.shape), x.dtype) if isinstance(x, torch.Tensor) else x,
@@ -189,14 +189,14 @@ def _measure_in_worker(todo: dict[tuple[str, str], tuple[fx.Node, object]]) -> d
             payload = pickle.dumps((str(node.target), spec))
         except Exception:  # a symbolic size, an object of the user's: measured here
             continue
-        jobs.append((k, str(node.target), payload))
+        jobs.append((k, payload))
     if not jobs:
         return {}
     argv, env = worker_command(_WORKER)
     try:
         proc = subprocess.run(
             argv,
-            input=pickle.dumps([p for _, _, p in jobs]),
+            input=pickle.dumps([p for _, p in jobs]),
             capture_output=True,
             env=env,
             timeout=WORKER_TIMEOUT,
@@ -204,7 +204,7 @@ def _measure_in_worker(todo: dict[tuple[str, str], tuple[fx.Node, object]]) -> d
         answers = pickle.loads(proc.stdout)
     except Exception:  # the worker died or timed out: measured here, as before
         return {}
-    return {k: int(n) for (k, _, _), n in zip(jobs, answers) if n is not None}
+    return {k: int(n) for (k, _), n in zip(jobs, answers) if n is not None}
 
 
 def _worker_main() -> None:
