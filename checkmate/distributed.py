@@ -33,9 +33,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch._dispatch.python import no_python_dispatcher
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from checkmate.eager import real_tensors
 from solvers.api import closest_hint
 from solvers.errors import CheckmateError, PlanError, TraceError
 from solvers.graph import Graph
@@ -203,7 +202,7 @@ def _collectives() -> Iterator[None]:
     holding its queue's lock; with the dispatcher on, the next collective waited for that
     lock holding the GIL, and both ranks hung at the first plan in about one run in ten.
     """
-    with unset_fake_temporarily(), no_python_dispatcher():
+    with real_tensors():
         yield
 
 

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from checkmate.eager import real_tensors
 from checkmate.flops import _FLOPS, flat_tensors, tensor_span_bytes
 from checkmate.ops import is_mutation, is_random, is_view, through_views, writes_input
 
@@ -145,7 +146,11 @@ def _timed(fn: Any, dev: torch.device, repeat: int = 7) -> float:
 
 @functools.cache
 def _measured_speed(device: str) -> tuple[float, float]:
-    dev = torch.device(device)
+    with real_tensors():  # called from inside the partitioner (checkmate.eager)
+        return _speed(torch.device(device))
+
+
+def _speed(dev: torch.device) -> tuple[float, float]:
     src = torch.ones((64 << 20) // 4, device=dev)  # 64 MiB of float32: well past the caches
     dst = torch.empty_like(src)
     bandwidth = 2 * src.nbytes / max(_timed(lambda: dst.copy_(src), dev), 1e-9)  # read + write

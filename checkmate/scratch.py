@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from checkmate.devcache import DeviceTable
+from checkmate.eager import real_tensors
 from checkmate.ops import is_mutation, is_random, is_view
 from checkmate.timing import ProfileWarning, device_tag
 
@@ -81,7 +81,7 @@ def prefetch_scratch(nodes: Iterable[fx.Node]) -> None:
                 ProfileWarning,
                 stacklevel=2,
             )
-    with unset_fake_temporarily():  # the partitioner runs under AOTAutograd's fake mode
+    with real_tensors():  # the partitioner runs under AOTAutograd's fake mode
         for (tag, key), (node, vals) in todo.items():
             nbytes = isolated.get((tag, key))
             SCRATCH.add(tag, key, measure_scratch(node, vals) if nbytes is None else nbytes)

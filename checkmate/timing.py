@@ -35,6 +35,7 @@ import torch
 import torch.fx
 
 from checkmate.devcache import DeviceTable
+from checkmate.eager import real_tensors
 from checkmate.flops import flat_tensors
 from checkmate.ops import is_mutation, is_view
 
@@ -58,7 +59,7 @@ class ProfileWarning(UserWarning):
 
 
 #: measured seconds per op signature, per device (see :mod:`checkmate.devcache`)
-OP_TIMES = DeviceTable("op_times", "checkmate-op-times", 1, float, "op-time cache", ProfileWarning)
+OP_TIMES = DeviceTable("op_times", "checkmate-op-times", 2, float, "op-time cache", ProfileWarning)
 
 
 # --- which nodes cost nothing ----------------------------------------------------------
@@ -320,7 +321,8 @@ def measure_ops(
     failed: dict[str, str] = {}
     pool = _Pool(dev)
     rng_devices = [dev] if dev.type == "cuda" else []
-    with torch.random.fork_rng(devices=rng_devices), torch.no_grad():
+    # real tensors: AOTAutograd calls the planner under its fake mode (checkmate.eager)
+    with real_tensors(), torch.random.fork_rng(devices=rng_devices), torch.no_grad():
         for node in nodes:
             if is_free(node):
                 continue

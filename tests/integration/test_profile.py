@@ -222,7 +222,7 @@ def test_measured_costs_are_positive_and_cached(cnn_graph: torch.fx.GraphModule,
     files = list((cache_dir() / "op_times").glob("*.json"))
     assert len(files) == 1
     doc = json.loads(files[0].read_text())
-    assert doc["format"] == "checkmate-op-times" and doc["version"] == 1
+    assert doc["format"] == "checkmate-op-times" and doc["version"] == timing.OP_TIMES.version
     assert {op_signature(n) for n in nodes if not is_free(n)} == set(doc["ops"])
     timing.OP_TIMES.clear()  # a new process: the times come back from disk
     assert profile_costs(cnn_graph, nodes, profile=None, device="cpu") == first
@@ -310,3 +310,40 @@ def test_profiling_a_500_op_graph_takes_seconds() -> None:
     print(f"profiled {len(nodes)} nodes in {elapsed:.2f} s")
     assert elapsed < 20.0, f"profiling {len(nodes)} nodes took {elapsed:.1f} s"
     assert sum(costs) > 0
+
+
+def test_ops_timed_inside_the_partitioner_run_on_real_tensors(one_thread: None) -> None:
+    # the partitioner runs under AOTAutograd's fake mode (and its Python dispatcher): timed
+    # there as they were, ops ran on fake tensors, and every op measured the ~0.2 ms of a fake
+    # dispatch whatever its size (a 268 MFLOP addmm and a 4-element add alike)
+    import checkmate
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU())
+    opt = checkmate.optimize(model, 1.0)
+    opt(torch.randn(256, 512)).sum().backward()
+    rec = checkmate.plans_of(opt)[0]
+    cost = {
+        name: float(rec.joint.graph.cost[i]) for i, names in enumerate(rec.joint.members) for name in names
+    }
+    products = [c for name, c in cost.items() if name.startswith(("addmm", "mm"))]
+    assert products, sorted(cost)
+    # 268 MFLOP each (the forward's addmm, the backward's two mm); one x86 thread does < 200 GFLOP/s
+    assert min(products) > 268e6 / 200e9, products
+
+
+def test_bandwidth_measured_inside_a_fake_mode_is_the_devices() -> None:
+    # Inductor's cost model measures the memory bandwidth from inside the partitioner, as above
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from checkmate import fusion
+
+    fusion._measured_speed.cache_clear()
+    try:
+        with FakeTensorMode():
+            bandwidth, launch = fusion.device_speed(None, "cpu")
+    finally:
+        fusion._measured_speed.cache_clear()
+    # a copy of 64 MiB through a CPU's memory: well under 1 TB/s (a fake copy "ran" at ~6 TB/s)
+    assert 1e8 < bandwidth < 1e12
+    assert launch > 0
