@@ -186,6 +186,44 @@ def test_ops_only_the_backward_reads_move_to_the_backward() -> None:
         assert fwd_readers or not g.nodes[v].recomputable or small, g.nodes[v].name
 
 
+class _MaskedRelu(torch.autograd.Function):
+    """ReLU whose backward reads the mask ``y <= 0`` of its output, as Inductor's
+    decomposition of ``threshold_backward`` does."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = x.clamp_min(0)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return torch.where(y <= 0, 0.0, grad)
+
+
+class _MaskedReluModule(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _MaskedRelu.apply(x)
+
+
+def test_a_mask_of_a_value_the_backward_reads_anyway_moves_to_the_backward() -> None:
+    # the mask is a quarter of ReLU's output, but that output is held into the backward for
+    # the next layer's weight gradient anyway: the mask is computed there, not held across
+    # the boundary (in Inductor's forward kernel beside ReLU, storing it cost 10x ReLU alone)
+    model = nn.Sequential(nn.Linear(16, 64), _MaskedReluModule(), nn.Linear(64, 16))
+    _, jg = _joint(model, torch.randn(32, 16))
+    g = jg.graph
+    masks = [v for v in range(g.n) if g.nodes[v].op.startswith("aten.le")]
+    assert masks, [g.nodes[v].op for v in range(g.n)]
+    first_bwd = int(np.flatnonzero(g.backward_mask)[0])
+    for v in masks:
+        assert g.nodes[v].backward and v > first_bwd, "the mask is held across the boundary"
+        (relu,) = g.preds[v]
+        assert g.mem[v] < g.mem[relu]
+        assert any(g.nodes[s].backward and s != v for s in g.succs[relu]), "ReLU's output crosses anyway"
+
+
 class _TiedLM(nn.Module):
     """Embedding and LM head sharing one weight, as GPT-2 does."""
 
