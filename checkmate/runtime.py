@@ -175,16 +175,19 @@ class Planner:
                     costs = fused_costs(nodes, costs, *device_speed(self.profile, device))
                 return costs
 
+        # Inductor may run a convolution on channels-last inputs (checkmate.scratch)
+        any_layout = compiler == "inductor"
+
         def scratch(node: fx.Node) -> int:
             with stage("scratch", spent):
-                return scratch_bytes(node)
+                return scratch_bytes(node, any_layout=any_layout)
 
         # Inductor runs a matrix product added to a tensor as one addmm where the sum is:
         # folded into the sum (checkmate.trace.into_addmm). Generated ops are not folded
         # (README, "Compilers": it needs horizontal fusions that break the plan's peak)
         fuse = _fold_nothing_else if compiler == "inductor" else None
         with stage("scratch", spent):  # at once: in one worker process under a profiler
-            prefetch_scratch(joint.graph.nodes)
+            prefetch_scratch(joint.graph.nodes, any_layout=any_layout)
         jg = build_graph(
             joint, num_fwd_outputs, costs, scratch=scratch, fuse=fuse, name=f"graph{len(self.records)}"
         )

@@ -97,7 +97,7 @@ from solvers.plan import graph_fingerprint
 from tests.integration import _models as M
 measured = []
 original = sc.measure_scratch
-sc.measure_scratch = lambda node, vals: measured.append(str(node.target)) or original(node, vals)
+sc.measure_scratch = lambda node, vals, **kw: measured.append(str(node.target)) or original(node, vals, **kw)
 torch.manual_seed(0)
 opt = checkmate.optimize(M.SmallCNN(16, 2), 0.7, (torch.randn(8, 3, 16, 16),), profile="cpu", time_limit=3)
 r = plans_of(opt)[0]
