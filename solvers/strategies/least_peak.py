@@ -34,9 +34,15 @@ from solvers.schedule import Schedule, schedule_from_order, simulate
 
 __all__ = ["LeastPeak", "least_peak"]
 
-#: heuristics of the first bisection: deterministic, fast, and together the lowest peaks
-#: on traced graphs (peak-greedy on transformers, DTR on CNNs, gap-cover on DenseNets)
-HEURISTICS = ("peak-greedy", "dtr", "gap-cover")
+#: heuristics of the first bisection, with their options: deterministic, fast, and together
+#: the lowest peaks on traced graphs (peak-greedy on transformers, DTR on CNNs, gap-cover on
+#: DenseNets, DTR evicting the largest value first where costs mislead the others)
+HEURISTICS: tuple[tuple[str, dict[str, object]], ...] = (
+    ("peak-greedy", {}),
+    ("dtr", {}),
+    ("dtr", {"heuristic": "size", "banish": False}),
+    ("gap-cover", {}),
+)
 #: the exact phase runs on graphs of at most this many nodes (the MILP's O(n^2) model)
 EXACT_MAX_NODES = 400
 #: relative width of the bracket [proven bound, best peak] at which the search stops
@@ -175,9 +181,9 @@ def _bisect_heuristics(
     while best[1] - lo > max(1, int(tolerance * best[1])) and left() > 0:
         mid = (lo + best[1]) // 2
         attempts: list[tuple[Schedule, str]] = []
-        for name in HEURISTICS:
+        for name, opts in HEURISTICS:
             try:
-                res = get_strategy(name)(graph, mid, time_limit=left() / 4)
+                res = get_strategy(name)(graph, mid, time_limit=left() / 4, **opts)
             except CheckmateError:
                 continue
             # an attempt over ``mid`` (peak-greedy returns its least-peak one) is still a
