@@ -72,8 +72,13 @@ def test_inductor_step_matches_torch_compile_within_the_budget(
     references: dict[str, Any], name: str, fraction: float
 ) -> None:
     model, x, ref_grads, ref_buffers = references[name]
+    # the cpu profile's costs: with measured ones the plan follows the machine's load (a busy
+    # CI machine's timings made auto pick another schedule), and Inductor does not hold every
+    # schedule's peak alike (README, "Compilers"): one plan per run, the one the profile gives
     with pytest.warns(BudgetWarning, match="compiler='inductor'"):
-        opt = checkmate.optimize(copy.deepcopy(model), fraction, compiler="inductor", time_limit=20)
+        opt = checkmate.optimize(
+            copy.deepcopy(model), fraction, compiler="inductor", time_limit=20, profile="cpu"
+        )
     grads = _grads(opt, x)
     _assert_close(grads, ref_grads)
     # BatchNorm's running statistics moved once, as in torch.compile's step
