@@ -2,14 +2,16 @@
 
 The figure is the peak of bytes allocated while the code runs *beyond what was live before
 it*: activations, temporaries, gradients, outputs. Memory live before (parameters, inputs,
-optimizer state) is not counted; freeing some of it during the run lowers the count, as on
-CUDA.
+optimizer state) is not counted, and on CPU neither is its release: a free counts only for
+a block allocated during the run, so a garbage collection that happens to run inside the
+window cannot hide what the code held. (On CUDA, the allocator's own figures, freeing old
+memory lowers the count.)
 
 Methods (``MemoryTracker(method=...)``):
 
 - ``"allocator"`` (the default on CPU): the PyTorch profiler with ``profile_memory=True``
   reports every allocation and free of the CPU allocator, in time order; the peak is the
-  maximum of their running sum. Exact to the byte, and it sees everything: scratch space
+  maximum of their running sum, a free counted when its block was allocated in the run. Exact to the byte, and it sees everything: scratch space
   inside ops, ``torch.tensor(data)``, code compiled by ``torch.compile``. The profiler's
   first use in a process takes a second or two; it cannot be nested inside another running
   profiler (``"auto"`` then falls back to ``"storages"``). To keep each measurement from
@@ -39,6 +41,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 import torch
+from torch._C._profiler import _ExtraFields_Allocation
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -56,8 +59,8 @@ class MemoryTracker:
 
     Attributes (set when the block exits):
         peak: the peak bytes allocated beyond what was live at entry (>= 0).
-        current: net bytes allocated in the block and still live at its end (negative when
-            the block freed more memory from before than it left allocated).
+        current: bytes allocated in the block and still live at its end (on CUDA, net of
+            memory from before that the block freed, so possibly negative).
         device: ``"cuda"`` when the CUDA allocator's figures were used, else ``"cpu"``.
         method: the method used (``"allocator"`` or ``"storages"``).
 
@@ -123,21 +126,35 @@ class MemoryTracker:
 
 
 def _allocator_peak(prof: torch.profiler.profile) -> tuple[int, int]:
-    """(peak, final) running sum of the CPU allocator's events the profiler recorded."""
+    """(peak, final) running sum of the CPU allocator's events the profiler recorded.
+
+    A free counts only when its block was allocated inside the session. The CPU allocator
+    reports the free of any block it saw allocated while *some* profiler ran, earlier
+    sessions included, so a garbage collection during the run that frees tensors from an
+    earlier measurement would otherwise lower the count below what the code itself held
+    (a CI run measured a step at a third of its true peak that way).
+    """
     results = prof.profiler.kineto_results if prof.profiler is not None else None
     if results is None:
         return 0, 0
-    cpu = torch.autograd.DeviceType.CPU
-    events = [
-        (e.start_ns(), e.nbytes())  # type: ignore[attr-defined]  # nbytes is missing from the stubs
-        for e in results.events()
-        if e.name() == "[memory]" and e.device_type() == cpu
-    ]
-    events.sort(key=lambda ev: ev[0])  # stable: same-time events keep their recorded order
+    events: list[tuple[int, int, int, int]] = []  # (time, order, ptr, bytes), CPU only
+    stack = list(reversed(results.experimental_event_tree()))
+    while stack:  # depth first, in the recorded order
+        e = stack.pop()
+        stack.extend(reversed(e.children))
+        fields = e.extra_fields
+        if isinstance(fields, _ExtraFields_Allocation) and fields.device.type == "cpu" and fields.alloc_size:
+            events.append((e.start_time_ns, len(events), fields.ptr, fields.alloc_size))
+    events.sort()
+    live: dict[int, int] = {}
     current = peak = 0
-    for _, nbytes in events:
-        current += nbytes
-        peak = max(peak, current)
+    for _, _, ptr, nbytes in events:
+        if nbytes > 0:
+            live[ptr] = live.get(ptr, 0) + nbytes
+            current += nbytes
+            peak = max(peak, current)
+        elif ptr in live:
+            current -= live.pop(ptr)
     return peak, current
 
 
