@@ -173,9 +173,16 @@ def prepare_checkmate(
         for rec in plans_of(opt):
             res = rec.result
             cost = (res.cost or 0.0) / rec.joint.graph.total_cost - 1.0 if rec.joint.graph.total_cost else 0.0
+            check = ""
+            if rec.compiled is not None and rec.compiled.measured is not None:
+                tried = ", ".join(f"{(r.measured or 0) / 2**20:.2f}" for r in rec.compiled.rounds)
+                check = (
+                    f"; checked compiled: {rec.compiled.measured / 2**20:.2f} MiB of "
+                    f"{rec.compiled.budget / 2**20:.2f} MiB (plans measured: {tried} MiB)"
+                )
             notes.append(
                 f"plan: {res.info.get('chosen', res.strategy)}, simulated peak {(res.peak or 0) / 2**20:.2f} MiB, "
-                f"{rec.recomputes} recomputes, +{cost:.0%} planned compute"
+                f"{rec.recomputes} recomputes, +{cost:.0%} planned compute{check}"
             )
         return functools.partial(opt, *args)
 

@@ -81,6 +81,7 @@ def optimize(
     options: dict[str, Any] | None = None,
     fullgraph: bool = False,
     compiler: str = "aot",
+    check_peak: bool = True,
 ) -> nn.Module:
     """Return ``model`` training within ``budget``, with the same gradients.
 
@@ -122,8 +123,17 @@ def optimize(
             forward and backward into fused kernels: faster steps, longer compiles, gradients
             equal to ``torch.compile``'s within rounding and dropout drawing Inductor's
             random numbers; the plan is made with the compiled step's costs). ``"aot"`` is
-            the default because its measured peak follows the plan; Inductor's buffers can
-            exceed it (see the README, "Compilers").
+            the default because its measured peak follows the plan, with no compile to wait
+            for; under Inductor the plan's simulated peak is not the step's (see
+            ``check_peak`` and the README, "Compilers").
+        check_peak: with ``compiler="inductor"``, compile each plan's halves and run them
+            once on the step's shapes before training, measure their peak with the allocator,
+            and replan until it is within the budget and uses most of it (at most three
+            plans measured; :mod:`checkmate.compiled`). Costs a compile per plan measured.
+            When no plan measured fits, or the measurement fails, a
+            :class:`~checkmate.runtime.BudgetWarning` says so. Off, the step may hold
+            0.8-1.04x the budget (measured on CPU). Not done under torch.distributed
+            (ranks would choose apart) nor for ``budget="min"``.
 
     A training call that plans nothing (Dynamo captured no graph, e.g. ``nn.LSTM`` without
     ``torch._dynamo.config.allow_rnn = True``) runs eagerly with no memory bound and issues
@@ -154,12 +164,13 @@ def optimize(
     check_options(strategy, options or {})
     if compiler not in COMPILERS:
         raise CheckmateError(f"compiler={compiler!r} is not one of {', '.join(map(repr, COMPILERS))}")
-    if compiler == "inductor":
+    if compiler == "inductor" and not check_peak:
         warnings.warn(
-            "compiler='inductor': Inductor allocates and frees its own buffers, so the step's peak is "
-            "not bound by the plan's simulated peak exactly (Inductor fuses and reorders kernels and runs "
-            "convolutions channels-last: 0.78-1.035x the budget measured on CPU with auto's plans, 1.36x "
-            "for one CP-SAT plan); leave headroom, or use compiler='aot', whose peak follows the plan",
+            "compiler='inductor' with check_peak=False: Inductor allocates and frees its own buffers, so "
+            "the step's peak is not bound by the plan's simulated peak (Inductor fuses and reorders "
+            "kernels and runs convolutions channels-last: 0.78-1.035x the budget measured on CPU with "
+            "auto's plans, 1.36x for one CP-SAT plan); leave headroom, check the peak, or use "
+            "compiler='aot', whose peak follows the plan",
             BudgetWarning,
             stacklevel=2,
         )
@@ -173,6 +184,7 @@ def optimize(
         options=dict(options or {}),
         plan_path=plan,
         compiler=compiler,
+        check_compiled=check_peak,
     )
     new = copy.copy(model)
     new.__dict__.pop(_STATE, None)

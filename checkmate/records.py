@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from checkmate.codegen import SplitModules
+from checkmate.compiled import Calibration
 from checkmate.trace import JointGraph
 from solvers.budget import format_bytes
 from solvers.result import SolveResult
@@ -39,6 +40,8 @@ class PlanRecord:
             at other tensor sizes, see :meth:`checkmate.runtime.Planner.partition`), or None when this graph
             was planned itself.
         compiler: what compiled its halves: ``"aot"`` or ``"inductor"``.
+        compiled: with ``"inductor"``, the plans measured compiled and the one kept
+            (:mod:`checkmate.compiled`); None when none was measured.
     """
 
     index: int
@@ -52,11 +55,20 @@ class PlanRecord:
     asked_budget: int | None = None
     reused_from: int | None = None
     compiler: str = "aot"
+    compiled: Calibration | None = None
+
+    @property
+    def budget(self) -> int | None:
+        """The bytes this graph's step must hold: ``result.budget``, except for a plan kept
+        after the compiled check, which may be solved at more simulated bytes than that."""
+        if self.compiled is not None:
+            return self.compiled.budget
+        return None if self.result.budget is None else int(self.result.budget)
 
     @property
     def seconds(self) -> float:
         """Wall time of trace + profile + plan + codegen."""
-        return sum(self.stages.get(s, 0.0) for s in ("trace", "plan", "codegen"))
+        return sum(self.stages.get(s, 0.0) for s in ("trace", "plan", "codegen", "check"))
 
     @property
     def trace_seconds(self) -> float:
@@ -108,9 +120,26 @@ class PlanRecord:
                 f", budget raised from {format_bytes(self.asked_budget)} "
                 f"({self.asked_budget / max(self.reference_peak, 1):.0%}, infeasible for this graph)"
             )
+        budget = res.budget
+        check = self.compiled
+        if check is not None:
+            budget = check.budget
+            if check.measured is None:
+                gap += f", compiled peak not measured ({check.error})"
+            else:
+                gap += (
+                    f", compiled peak {format_bytes(check.measured)} measured "
+                    f"({check.measured / max(check.budget, 1):.2f}x the budget; "
+                    f"{len(check.rounds)} plan(s) measured"
+                    + (
+                        f", kept the one solved at {format_bytes(res.budget)})"
+                        if res.budget != budget
+                        else ")"
+                    )
+                )
         return (
-            f"graph {self.index}: {g.n - 1} ops, budget {format_bytes(res.budget)} "
-            f"({res.budget / max(self.reference_peak, 1):.0%} of {format_bytes(self.reference_peak)}), "
+            f"graph {self.index}: {g.n - 1} ops, budget {format_bytes(budget)} "
+            f"({budget / max(self.reference_peak, 1):.0%} of {format_bytes(self.reference_peak)}), "
             f"simulated peak {format_bytes(res.peak or 0)}, {self.recomputes} recomputes, "
             f"+{overhead:.1%} compute, {chosen} ({res.status}){gap}"
         )

@@ -19,7 +19,10 @@ Two compilers run those modules (``Planner.compiler``):
   memory it moves, not a kernel; a matrix product that an addition reads runs where the
   addition is, as Inductor's ``addmm`` does (:func:`checkmate.trace.into_addmm`). Inductor
   compiles the halves with buffer reuse off and horizontal fusion only where the budget has
-  room for what the plan frees between the two kernels (:class:`_PlanOrderChoices`).
+  room for what the plan frees between the two kernels (:class:`_PlanOrderChoices`). Since
+  Inductor still does not hold exactly what the plan simulates, each plan is compiled and
+  run once before it is returned, and replanned until its measured peak fits the budget
+  (:mod:`checkmate.compiled`); the step then runs that compile, from Inductor's cache.
 
 Either way AOTAutograd's runtime wraps the two halves in an autograd.Function, so
 ``loss.backward()``, optimizers and gradient accumulation work as usual, and it copies
@@ -29,6 +32,7 @@ mutated buffers (BatchNorm running statistics) back once per step.
 from __future__ import annotations
 
 import bisect
+import functools
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
@@ -38,9 +42,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
+from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from checkmate.cache import cached_solve
 from checkmate.codegen import SplitModules, generate
+from checkmate.compiled import Calibration
 from checkmate.distributed import agree_bytes, ddp_reserve, fsdp_reserve, plan_once
 from checkmate.families import family_target, larger_shape_budget, plan_ahead, reuse
 from checkmate.records import PlanRecord
@@ -56,6 +62,9 @@ from solvers.result import SolveResult
 from solvers.schedule import PAGEIN, PAGEOUT, keep_all_peak
 
 __all__ = ["COMPILERS", "BudgetWarning", "PlanRecord", "Planner"]
+
+#: a plan with its generated halves and the values it pages (see :func:`_codegen`)
+_Plan = tuple[SolveResult, SplitModules, tuple[str, ...]]
 
 #: what compiles the planned forward and backward: ``"aot"`` runs them as fx modules,
 #: ``"inductor"`` compiles them with Inductor (see the module docstring and the README,
@@ -89,6 +98,9 @@ class Planner:
         families: a graph's structure (:func:`solvers.resize.structure`: its ops and
             edges, not its sizes) -> indices in ``records`` of the graphs of that structure
             that were planned (not reused); see :mod:`checkmate.families`.
+        check_compiled: with ``"inductor"``, measure each plan compiled and replan to fit
+            (:mod:`checkmate.compiled`).
+        inputs: while the backend compiles, the step's tensors it was given.
     """
 
     budget: Budget
@@ -102,6 +114,8 @@ class Planner:
     steps: dict[object, list[int]] = field(default_factory=dict)
     step: object = None
     families: dict[Hashable, list[int]] = field(default_factory=dict, repr=False)
+    check_compiled: bool = True
+    inputs: Sequence[Any] | None = field(default=None, repr=False)
 
     @property
     def plans_made(self) -> int:
@@ -146,11 +160,78 @@ class Planner:
         device = _device_of(joint)
         with stage("trace", spent):  # the graph model, profiled as it is built
             jg = self._trace(joint, num_fwd_outputs, device, compiler, spent)
+        profile_id = _profile_id(self.profile, device, compiler)
         with stage("plan", spent):  # reuse a plan of its family, else the plan cache or a solve
-            res, asked, reused = self._solve(jg, _profile_id(self.profile, device, compiler))
+            res, asked, reused = self._solve(jg, profile_id)
         with stage("codegen", spent):
             modules, paged = _codegen(joint, jg, res)
-        return self._record(jg, res, modules, paged, asked, reused, spent, compiler)
+        check = None
+        if compiler == "inductor" and self.check_compiled and self._can_check():
+            with stage("check", spent):  # Inductor compiles the halves; they run once
+                (res, modules, paged), check = self._checked(joint, jg, (res, modules, paged), profile_id)
+        return self._record(jg, res, modules, paged, asked, reused, spent, compiler, check)
+
+    def _can_check(self) -> bool:
+        """Whether plans can be checked compiled here: not for the least peak (no bytes
+        to hold), nor across processes (each rank would measure, and choose, alone)."""
+        from checkmate.distributed import rank_and_world
+
+        return not self.budget.least and rank_and_world()[1] == 1
+
+    def _checked(
+        self, joint: fx.GraphModule, jg: JointGraph, first: _Plan, profile_id: str
+    ) -> tuple[_Plan, Calibration]:
+        """The plan whose halves, compiled by Inductor, measure within the plan's budget
+        and use most of it (:mod:`checkmate.compiled`), starting from ``first``."""
+        from checkmate.compiled import calibrate, compiled_peak
+
+        res = first[0]
+        assert res.budget is not None
+        ref = int(res.info["reference"])
+
+        def replan(target: int) -> _Plan | None:
+            try:
+                got = self._solved(jg.graph, Budget(nbytes=target), profile_id)
+            except InfeasibleBudgetError:
+                return None
+            got = replace(got, info={**got.info, "reference": ref})
+            return (got, *_codegen(joint, jg, got))
+
+        # Dynamo marks parameters and buffers static; AOTAutograd's compile passes their indices
+        static = [
+            k
+            for k, x in enumerate(self.inputs or ())
+            if isinstance(x, torch.Tensor) and getattr(x, "_dynamo_static_input_type", None)
+        ]
+        compile_half = functools.partial(_compile_half, static=static)
+        plan, check = calibrate(
+            first,
+            int(res.budget),
+            simulated=lambda p: int(p[0].peak),
+            cost=lambda p: float(p[0].cost or 0.0),
+            measure=lambda p: compiled_peak(p[1], jg.num_fwd_outputs, compile_half, self.inputs),
+            replan=replan,
+            ceiling=ref,
+            start=int(res.budget),
+        )
+        where = f"graph {len(self.records)} ({jg.graph.n - 1} ops)"
+        if check.error is not None:
+            warnings.warn(
+                f"{where}: its compiled step could not be measured ({check.error}); it runs the plan as "
+                "simulated, and Inductor may hold more than the budget",
+                BudgetWarning,
+                stacklevel=3,
+            )
+        elif not check.fits:
+            tried = ", ".join(format_bytes(r.measured or 0) for r in check.rounds)
+            warnings.warn(
+                f"{where}: compiled by Inductor, its step measured {format_bytes(check.measured or 0)}, "
+                f"over its budget of {format_bytes(check.budget)} ({(check.measured or 0) / check.budget:.3f}x); "
+                f"plans measured: {tried}. Lower the budget, or use compiler='aot', whose peak follows the plan",
+                BudgetWarning,
+                stacklevel=3,
+            )
+        return plan, check
 
     def _trace(
         self,
@@ -205,6 +286,7 @@ class Planner:
         reused: int | None,
         spent: dict[str, float],
         compiler: str,
+        check: Calibration | None = None,
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
         """Record the plan of ``jg`` (in ``records``, its step and its family); its halves."""
         index = len(self.records)
@@ -221,6 +303,7 @@ class Planner:
                 asked_budget=asked,
                 reused_from=reused,
                 compiler=compiler,
+                compiled=check,
             )
         )
         self.steps.setdefault(self.step, []).append(index)
@@ -362,43 +445,115 @@ def _codegen(joint: fx.GraphModule, jg: JointGraph, res: SolveResult) -> tuple[S
 def _inductor_backend(planner: Planner) -> Callable[..., Any]:
     """A torch.compile backend: Inductor, with ``planner`` as its partitioner.
 
-    Inductor's FX-graph cache and AOTAutograd's cache are off for these compiles: a cached
-    artifact would skip the partitioner, so the step would run a plan made for another
-    budget (or none), and the planner would hold no record of it. The plan cache still
-    spares the solve.
+    AOTAutograd's cache is off for these compiles: a cached artifact would skip the
+    partitioner, so the step would run a plan made for another budget (or none), and the
+    planner would hold no record of it. Inductor's FX-graph cache (one entry per compiled
+    half) is on, with the plan's memory annotations in its key (:class:`_Partitioner`): the
+    compile that :mod:`checkmate.compiled` measured is the one the step runs, read back from
+    the cache, and a later process compiles a plan it measured before from the cache too.
     """
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-    from torch._inductor.custom_graph_pass import CustomPartitionerFn
     from torch._inductor.virtualized import V
 
-    class CheckmatePartitioner(CustomPartitionerFn):
-        def __call__(
-            self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
-        ) -> tuple[fx.GraphModule, fx.GraphModule]:
-            return planner.partition(gm, joint_inputs, **kwargs)
-
-        def uuid(self) -> None:
-            return None  # never reuse a compiled artifact (see above)
-
+    partitioner = _Partitioner(planner)
     patches = {
-        "custom_partitioner_fn": CheckmatePartitioner(),
-        "fx_graph_cache": False,
+        "custom_partitioner_fn": partitioner,
+        "fx_graph_cache": True,
         # a buffer Inductor reuses stays allocated from its last use until it is reused, through
         # whatever peak lies between: the plan frees each value at its last use
         "allow_buffer_reuse": False,
     }
 
-    def inner(*args: Any, **kwargs: Any) -> Any:
+    def inner(gm: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
         # the forward's and the backward's compile (the backward's runs later, at the first
         # backward call, outside the backend's call)
+        partitioner.digest = _memory_digest(gm)
         with V.set_choices_handler(_PlanOrderChoices(V.choices)):
-            return compile_fx_inner(*args, **kwargs)
+            return compile_fx_inner(gm, *args, **kwargs)
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        with torch._functorch.config.patch(enable_autograd_cache=False):
-            return compile_fx(gm, list(example_inputs), inner_compile=inner, config_patches=patches)
+        planner.inputs = example_inputs  # the step's tensors, for checking plans compiled
+        try:
+            with torch._functorch.config.patch(enable_autograd_cache=False):
+                return compile_fx(gm, list(example_inputs), inner_compile=inner, config_patches=patches)
+        finally:
+            planner.inputs = None
 
     return backend
+
+
+class _Partitioner(CustomPartitionerFn):
+    """checkmate's planner as Inductor's partitioner (``custom_partitioner_fn``).
+
+    Its uuid is part of the key of Inductor's FX-graph cache for each half compiled: it
+    names the plan's memory annotations of the half being compiled (``digest``, set before
+    each compile), on which :class:`_PlanOrderChoices` decides fusions, so that halves with
+    equal code but another budget are not one cache entry."""
+
+    def __init__(self, planner: Planner) -> None:
+        self.planner = planner
+        self.digest = ""
+
+    def __call__(
+        self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
+    ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        return self.planner.partition(gm, joint_inputs, **kwargs)
+
+    def uuid(self) -> str:
+        return f"checkmate-partitioner-1:{self.digest}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Inductor pickles its config into the cache key (and may keep the pickle while the
+        # config is unchanged): a constant stands for the planner; the digest is in uuid()
+        return (str, ("checkmate-partitioner-1",))
+
+
+def _memory_digest(gm: fx.GraphModule) -> str:
+    """A digest of the plan's memory annotations on ``gm``'s nodes (see :class:`_Partitioner`)."""
+    import hashlib
+
+    marks = [(n.name, n.meta.get("checkmate_memory")) for n in gm.graph.nodes if n.op == "call_function"]
+    return hashlib.sha256(repr(marks).encode()).hexdigest()[:24]
+
+
+def _compile_half(
+    gm: fx.GraphModule, example_inputs: list[Any], is_backward: bool, *, static: list[int]
+) -> Callable[[list[Any]], Any]:
+    """Inductor's compile of one half of a plan, as :func:`_inductor_backend` will compile it
+    once the partitioner returns, so that the FX-graph cache holds the artifact for that
+    compile: the same annotations in the key, and the arguments Inductor's own forward and
+    backward compilers pass (those not known here are left out, which only costs a cache
+    miss); ``static``: the forward's inputs Dynamo marked static (parameters and buffers,
+    as AOTAutograd's metadata lists them). In a tracing context of its own, so that what it records (output strides) is
+    not taken for the real compile's."""
+    from torch._guards import TracingContext, detect_fake_mode, tracing
+    from torch._inductor import config
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.virtualized import V
+
+    kwargs: dict[str, Any] = {"is_backward": is_backward}
+    try:
+        from torch._inductor.compile_fx import count_tangents
+        from torch._inductor.cudagraph_utils import BoxedDeviceIndex
+        from torch._inductor.decomposition import select_decomp_table
+        from torch._inductor.utils import BoxedBool
+
+        kwargs.update(
+            static_input_idxs=list(range(count_tangents(gm))) if is_backward else static,
+            cudagraphs=BoxedBool(bool(config.triton.cudagraphs)),
+            boxed_forward_device_index=BoxedDeviceIndex(None),
+            get_decomp_fn=select_decomp_table,
+        )
+        if not is_backward:
+            kwargs["is_inference"] = False
+    except (ImportError, AttributeError, TypeError):  # another release: a cache miss, no more
+        kwargs = {"is_backward": is_backward}
+    partitioner = config.custom_partitioner_fn
+    if isinstance(partitioner, _Partitioner):
+        partitioner.digest = _memory_digest(gm)
+    context = TracingContext(detect_fake_mode(example_inputs))  # the fake mode: its shape env
+    with tracing(context), V.set_choices_handler(_PlanOrderChoices(V.choices)):
+        return compile_fx_inner(gm, example_inputs, **kwargs)  # type: ignore[no-any-return]
 
 
 class _PlanOrderChoices:

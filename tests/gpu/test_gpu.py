@@ -108,7 +108,7 @@ def test_cnn_with_batchnorm_under_inductor_on_cuda(fraction: float) -> None:
         assert torch.allclose(b, ref_bn["_orig_mod." + k], rtol=1e-4, atol=1e-5), k
     recs = checkmate.plans_of(opt)
     assert {r.compiler for r in recs} == {"inductor"}
-    budget = max(r.result.budget for r in recs)
+    budget = max(r.budget or 0 for r in recs)  # the bytes asked (a checked plan may be solved above)
     measured = _peak(lambda: step(opt))
     print(f"\nGPU CNN inductor {fraction:.0%}: budget {budget:,} B, measured {measured:,} B")
     assert measured <= 1.05 * budget

@@ -1,0 +1,277 @@
+"""The compiled step's own peak: measure a plan's halves as Inductor compiles them.
+
+Inductor fuses, reorders and allocates its own buffers, so a plan's compiled step does not
+hold what the plan's simulation says it holds. Measured on CPU with the per-op graph model:
+GPT-2 at 0.78-0.83x its budget (a fused chain of pointwise ops never materializes the
+values the model counts, so the plan recomputed more than the budget needed), a ResNet at
+up to 1.035x (Inductor runs convolutions channels-last and reorders kernels). Neither
+direction is fixed by a better static model alone: the excess depends on the schedule.
+
+So with ``compiler="inductor"`` the planner checks each plan the way the step will run it
+(:meth:`checkmate.runtime.Planner.partition`): Inductor compiles the forward and backward
+the plan generated, they run once (forward, then backward on the values it saved, in one
+memory window, as AOTAutograd's runtime runs them) on the step's own parameters and inputs
+where the graph only reads them and on copies where it writes them (BatchNorm's running
+statistics), with the caller's random state restored afterwards, and
+:func:`checkmate.memory.measure_peak`'s allocator count gives the compiled step's peak.
+:func:`calibrate` then replans at the simulated target that the measured-to-simulated ratio
+points to, until the measured peak is within the budget and uses most of it:
+"check the compiled step's peak and replan", as Checkmate's own evaluation checks a
+schedule by running it (Jain et al., MLSys 2020, section 6), here with Inductor in the loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from checkmate.codegen import SplitModules
+from checkmate.eager import real_tensors
+from checkmate.memory import MemoryTracker
+
+__all__ = ["Calibration", "Round", "calibrate", "compiled_peak"]
+
+#: what compiles one half: ``(module, example inputs, is_backward) -> callable(list)``
+CompileHalf = Callable[[fx.GraphModule, list[Any], bool], Callable[[list[Any]], Any]]
+
+#: a plan whose measured peak is at least this share of the budget is kept as it is: below,
+#: it recomputes values the budget had room for
+USE = 0.97
+#: replans after the first measurement, at most
+ROUNDS = 2
+#: aim this far under the budget when replanning from a measured ratio (it is not exact)
+AIM = 0.99
+
+
+@dataclass(frozen=True)
+class Round:
+    """One measured plan: solved at ``target`` simulated bytes, simulated ``simulated``,
+    measured ``measured`` compiled (None when measuring it failed)."""
+
+    target: int
+    simulated: int
+    measured: int | None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The plan kept and how it was chosen.
+
+    Attributes:
+        chosen: index in ``rounds`` of the plan kept.
+        rounds: every plan measured, in order.
+        budget: the bytes the compiled step must fit.
+        error: why measuring failed (then ``rounds`` holds the unmeasured first plan).
+    """
+
+    chosen: int
+    rounds: tuple[Round, ...]
+    budget: int
+    error: str | None = None
+
+    @property
+    def measured(self) -> int | None:
+        """The kept plan's measured compiled peak."""
+        return self.rounds[self.chosen].measured
+
+    @property
+    def fits(self) -> bool:
+        m = self.measured
+        return m is not None and m <= self.budget
+
+
+def calibrate(
+    first: Any,
+    budget: int,
+    *,
+    simulated: Callable[[Any], int],
+    cost: Callable[[Any], float],
+    measure: Callable[[Any], int],
+    replan: Callable[[int], Any | None],
+    ceiling: int,
+    start: int,
+) -> tuple[Any, Calibration]:
+    """Choose among plans by their measured peaks.
+
+    Args:
+        first: the plan made at ``start`` simulated bytes (any object the callables take).
+        budget: the bytes the measured peak must not exceed.
+        simulated: a plan's simulated peak.
+        cost: a plan's compute cost (the cheapest plan that fits is kept).
+        measure: a plan's measured compiled peak (may raise: the plan is then kept unmeasured).
+        replan: the plan at a simulated target, or None when there is none.
+        ceiling: the simulated peak of keeping everything (no target above it helps).
+        start: the target ``first`` was made at.
+
+    Returns:
+        The plan kept (the cheapest measured within ``budget``; when none fits, the one
+        measured least) and the record of the rounds.
+    """
+    plans = [first]
+    rounds: list[Round] = []
+    target = start
+    plan = first
+    for k in range(ROUNDS + 1):
+        try:
+            got = measure(plan)
+        except Exception as exc:  # never lose the plan to a failed measurement
+            if not rounds:
+                return first, Calibration(0, (Round(start, simulated(first), None),), budget, repr(exc)[:300])
+            break
+        rounds.append(Round(target, simulated(plan), got))
+        if USE * budget <= got <= budget or k == ROUNDS:
+            break
+        if got < budget and target >= ceiling:
+            break  # it keeps everything already
+        new = min(_next_target(rounds, budget), ceiling)
+        if got > budget:
+            new = min(new, target - 1)  # strictly less memory
+        elif new <= target:
+            break
+        if any(r.target == new for r in rounds):
+            break
+        nxt = replan(new)
+        if nxt is None:
+            break
+        plan, target = nxt, new
+        plans.append(plan)
+    fitting = [k for k, r in enumerate(rounds) if r.measured is not None and r.measured <= budget]
+    if fitting:
+        chosen = min(fitting, key=lambda k: (cost(plans[k]), k))
+    else:
+        chosen = min(range(len(rounds)), key=lambda k: rounds[k].measured or 0)
+    return plans[chosen], Calibration(chosen, tuple(rounds), budget)
+
+
+def _next_target(rounds: list[Round], budget: int) -> int:
+    """The simulated target to plan at next, aiming the measured peak at ``AIM * budget``:
+    interpolated between the closest plans measured under and over the budget when there
+    are both, else the last plan's target scaled by its measured-to-simulated ratio."""
+    goal = AIM * budget
+    under = [r for r in rounds if r.measured is not None and r.measured <= budget]
+    over = [r for r in rounds if r.measured is not None and r.measured > budget]
+    if under and over:
+        lo = max(under, key=lambda r: r.measured or 0)
+        hi = min(over, key=lambda r: r.measured or 0)
+        if hi.measured != lo.measured and hi.target != lo.target:
+            share = (goal - (lo.measured or 0)) / ((hi.measured or 0) - (lo.measured or 0))
+            return int(lo.target + share * (hi.target - lo.target))
+    last = rounds[-1]
+    return int(goal * max(last.simulated, 1) / max(last.measured or 1, 1))
+
+
+def compiled_peak(
+    modules: SplitModules,
+    num_fwd_outputs: int,
+    compile_half: CompileHalf,
+    real_inputs: Sequence[Any] | None = None,
+) -> int:
+    """The peak bytes of ``modules``' forward and backward compiled by ``compile_half``,
+    run once in one memory window (see the module docstring).
+
+    Args:
+        modules: the plan's halves (left unchanged: copies are compiled).
+        num_fwd_outputs: how many of the forward's outputs are the model's (the rest are
+            the values it saves for the backward).
+        compile_half: what compiles a half (Inductor's ``compile_fx_inner``).
+        real_inputs: the step's own tensors, in the forward's input order (torch.compile
+            hands them to the backend); an input they lack, or whose shape, dtype or device
+            differs, is made up (random floats, zero integers and booleans).
+    """
+    fw, bw = copy.deepcopy(modules.forward), copy.deepcopy(modules.backward)
+    fw_ph = [n for n in fw.graph.nodes if n.op == "placeholder"]
+    bw_ph = [n for n in bw.graph.nodes if n.op == "placeholder"]
+    tangent_ph = [n for n in bw_ph if n.name.startswith("tangents")]
+    written = _written_inputs(modules.forward)
+    devices = {v.device for n in fw_ph + bw_ph if isinstance(v := n.meta.get("val"), torch.Tensor)}
+    with real_tensors(), torch.no_grad():
+        fw_fn = compile_half(fw, [n.meta.get("val") for n in fw_ph], False)
+        with torch.random.fork_rng(devices=[d for d in devices if d.type == "cuda"]):
+            # a first forward shows the strides Inductor gives the saved values (channels-last
+            # convolutions): the backward is compiled for those, as AOTAutograd compiles it
+            outs = list(fw_fn(_inputs(fw_ph, real_inputs, written)))
+            bw_example = [
+                _like(v, o) for v, o in zip((n.meta.get("val") for n in bw_ph), outs[num_fwd_outputs:])
+            ]
+            bw_example += [n.meta.get("val") for n in bw_ph[len(bw_example) :]]
+            del outs
+            bw_fn = compile_half(bw, bw_example, True)
+            args = _inputs(fw_ph, real_inputs, written)
+            gc.collect()
+            with MemoryTracker() as tracker:
+                outs = list(fw_fn(args))
+                kept, saved = outs[:num_fwd_outputs], outs[num_fwd_outputs:]
+                del outs
+                # the outputs' gradients, made between the halves as autograd makes them
+                tangents = [_input(n.meta.get("val"), None, 0, copy=False) for n in tangent_ph]
+                bw_args = saved + tangents
+                del saved, tangents
+                grads = bw_fn(bw_args)
+                del grads, kept, bw_args
+        for d in devices:
+            if d.type == "cuda":
+                torch.cuda.synchronize(d)
+    return tracker.peak
+
+
+def _inputs(placeholders: list[fx.Node], real: Sequence[Any] | None, written: set[str]) -> list[Any]:
+    """The forward's inputs (see :func:`_input`)."""
+    return [_input(n.meta.get("val"), real, k, copy=n.name in written) for k, n in enumerate(placeholders)]
+
+
+def _like(val: Any, got: Any) -> Any:
+    """The example value ``val`` (a fake tensor) with the strides of ``got``, the tensor the
+    compiled forward returned for it."""
+    if not isinstance(val, torch.Tensor) or not isinstance(got, torch.Tensor) or got.stride() == val.stride():
+        return val
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode([val])
+    if mode is None:
+        return val
+    with mode:
+        return torch.empty_strided(tuple(val.shape), got.stride(), dtype=val.dtype, device=val.device)
+
+
+def _written_inputs(gm: fx.GraphModule) -> set[str]:
+    """Placeholders an op of ``gm`` writes (``copy_`` of BatchNorm's running statistics)."""
+    out: set[str] = set()
+    for n in gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None)
+        if n.op != "call_function" or schema is None or not schema.is_mutable:
+            continue
+        for arg, spec in zip(n.args, schema.arguments):
+            write = spec.alias_info is not None and spec.alias_info.is_write
+            if write and isinstance(arg, fx.Node) and arg.op == "placeholder":
+                out.add(arg.name)
+    return out
+
+
+def _input(val: Any, real: Sequence[Any] | None, k: int, *, copy: bool) -> Any:
+    """The tensor a placeholder with example value ``val`` gets: the caller's ``real[k]``
+    when it matches (a copy when the graph writes it), else a made-up one."""
+    if not isinstance(val, torch.Tensor):
+        return val
+    if real is not None and k < len(real):
+        r = real[k]
+        if (
+            isinstance(r, torch.Tensor)
+            and tuple(r.shape) == tuple(val.shape)
+            and r.dtype == val.dtype
+            and r.device == val.device
+            and r.stride() == val.stride()
+        ):
+            return r.detach().clone() if copy else r.detach()
+    made = torch.empty_strided(
+        tuple(int(s) for s in val.shape),
+        tuple(int(s) for s in val.stride()),
+        dtype=val.dtype,
+        device=val.device,
+    )
+    return made.normal_() if val.dtype.is_floating_point or val.dtype.is_complex else made.zero_()

@@ -1,0 +1,139 @@
+"""Plans checked compiled (``compiler="inductor"``): :mod:`checkmate.compiled`.
+
+The choice among plans (:func:`calibrate`) is tested on plans that are numbers, with a
+measured peak a fixed share of the simulated one, as Inductor's is (GPT-2: about 0.8x;
+a ResNet: up to 1.035x). The whole path is tested on a small transformer: the peak the
+check measured is the peak the training step measures, the step holds its budget, and the
+compile measured is the one that runs (read back from Inductor's FX-graph cache).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import checkmate  # noqa: E402
+from checkmate.compiled import AIM, ROUNDS, USE, calibrate  # noqa: E402
+from checkmate.memory import measure_peak  # noqa: E402
+from tests.integration import _models as M  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+BUDGET = 1_000_000
+CEILING = 2_000_000  # keep-all's simulated peak
+
+
+def _run(share: float, *, start: int = BUDGET, feasible_from: int = 0, fail: bool = False) -> tuple[int, Any]:
+    """calibrate() over plans that are their own simulated peak, measured at ``share`` of
+    it, costing more the less memory they hold; replans below ``feasible_from`` fail."""
+    measured: list[int] = []
+
+    def measure(p: int) -> int:
+        if fail:
+            raise RuntimeError("no compiler here")
+        measured.append(p)
+        return int(share * p)
+
+    return calibrate(
+        start,
+        BUDGET,
+        simulated=lambda p: p,
+        cost=lambda p: 1e12 / p,
+        measure=measure,
+        replan=lambda t: t if t >= feasible_from else None,
+        ceiling=CEILING,
+        start=start,
+    )
+
+
+def test_a_plan_that_measures_less_than_simulated_is_replanned_to_use_the_budget() -> None:
+    plan, check = _run(0.8)
+    assert check.fits and USE * BUDGET <= check.measured <= BUDGET  # type: ignore[operator]
+    assert plan > BUDGET  # simulated above the budget: the compiled step holds less
+    assert len(check.rounds) == 2 and check.chosen == 1
+    assert check.rounds[0].measured == int(0.8 * BUDGET)
+
+
+def test_a_plan_that_measures_more_than_simulated_is_replanned_under_the_budget() -> None:
+    plan, check = _run(1.05)
+    assert check.rounds[0].measured > BUDGET  # type: ignore[operator]
+    assert check.fits and check.measured <= BUDGET  # type: ignore[operator]
+    assert plan < BUDGET
+
+
+def test_when_no_plan_fits_the_least_measured_is_kept_and_said_not_to_fit() -> None:
+    plan, check = _run(1.05, feasible_from=BUDGET)  # nothing below the first target
+    assert not check.fits and plan == BUDGET and len(check.rounds) == 1
+
+
+def test_the_cheapest_fitting_plan_is_kept_and_the_rounds_are_bounded() -> None:
+    # measured/simulated moves with the target: the first replan overshoots
+    def measure(p: int) -> int:
+        return int(p * (0.7 if p <= BUDGET else 0.95))
+
+    plan, check = calibrate(
+        BUDGET, BUDGET, simulated=lambda p: p, cost=lambda p: 1e12 / p, measure=measure,
+        replan=lambda t: t, ceiling=CEILING, start=BUDGET,
+    )  # fmt: skip
+    assert len(check.rounds) <= ROUNDS + 1
+    fitting = [r for r in check.rounds if r.measured is not None and r.measured <= BUDGET]
+    assert check.fits and plan == max(r.target for r in fitting)  # the least cost of those that fit
+
+
+def test_keep_all_is_not_replanned_upwards() -> None:
+    plan, check = _run(0.5, start=CEILING)
+    assert len(check.rounds) == 1 and plan == CEILING and check.fits
+
+
+def test_a_failed_measurement_keeps_the_plan_and_says_why() -> None:
+    plan, check = _run(0.8, fail=True)
+    assert plan == BUDGET and check.measured is None and "no compiler here" in (check.error or "")
+    assert not check.fits
+
+
+def test_the_aim_is_under_the_budget() -> None:
+    assert USE < AIM < 1.0
+
+
+@pytest.mark.slow
+def test_the_checked_peak_is_the_steps_and_within_the_budget() -> None:
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model, x = M.TinyTransformer(vocab=64, d=64, layers=2, p=0.1), torch.randint(0, 64, (16, 128))
+    hits = counters["inductor"]["fxgraph_cache_hit"]
+    opt = checkmate.optimize(
+        copy.deepcopy(model), 0.5, (x,), compiler="inductor", time_limit=10, profile="cpu"
+    )
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        opt(x).float().pow(2).mean().backward()
+
+    step()
+    (rec,) = checkmate.plans_of(opt)
+    check = rec.compiled
+    assert check is not None and check.error is None, check
+    assert check.fits, check
+    assert sum(r.recomputes for r in checkmate.plans_of(opt)) > 0
+    # both halves that run were read back from the cache the check filled: what was measured runs
+    assert counters["inductor"]["fxgraph_cache_hit"] - hits >= 2
+    peak = measure_peak(step)
+    # the step also holds what the loss computes outside the graph: the squared output and
+    # its gradient, 0.5 MiB each (2.4% of the budget)
+    assert peak <= 1.05 * check.budget, (peak, check)
+    assert abs(peak - (check.measured or 0)) <= 0.05 * check.budget, (peak, check)
+    assert "compiled peak" in rec.summary()
+
+
+@pytest.mark.slow
+def test_without_the_check_optimize_warns_that_inductor_may_exceed_the_plan() -> None:
+    from checkmate.runtime import BudgetWarning
+
+    with pytest.warns(BudgetWarning, match="check_peak=False"):
+        opt = checkmate.optimize(M.MLP(16, 2), 0.7, compiler="inductor", check_peak=False)
+    assert checkmate.plans_of(opt) == []
