@@ -54,7 +54,9 @@ def family_target(
         return Budget(nbytes=net, reference=ref), net
     if not family:
         return budget, None
-    floor = max(records[i].result.budget for i in family)
+    # the bytes each was held to (a plan checked compiled may be solved at more, see
+    # checkmate.compiled: its simulated target is not the step's bytes)
+    floor = max(records[i].budget or 0 for i in family)
     target = max(budget.resolve(ref) - reserve, floor)
     return Budget(nbytes=target, reference=ref), target
 
@@ -137,7 +139,7 @@ def larger_shape_budget(
     ``ref``; None when there is none."""
     pos = len(steps.get(step, []))
     got = [
-        records[idx[pos]].result.budget
+        records[idx[pos]].budget or 0
         for sig, idx in steps.items()
         if sig != step and len(idx) > pos and records[idx[pos]].reference_peak >= ref
     ]

@@ -129,6 +129,18 @@ def test_the_checked_peak_is_the_steps_and_within_the_budget() -> None:
     assert abs(peak - (check.measured or 0)) <= 0.05 * check.budget, (peak, check)
     assert "compiled peak" in rec.summary()
 
+    # a shorter batch of the same graph gets the bytes the first was held to, never the
+    # simulated target its checked plan was solved at (here above the budget: Inductor held less)
+    assert rec.result.budget > check.budget, "the check did not plan above the bytes: nothing to test"
+    short = x[:8]
+    opt.zero_grad(set_to_none=True)
+    opt(short).float().pow(2).mean().backward()
+    later = checkmate.plans_of(opt)[1:]
+    assert later and all(r.budget is not None and r.budget <= check.budget for r in later), [
+        (r.budget, r.compiled) for r in later
+    ]
+    assert all(r.compiled is not None and r.compiled.fits for r in later)
+
 
 @pytest.mark.slow
 def test_without_the_check_optimize_warns_that_inductor_may_exceed_the_plan() -> None:
