@@ -10,6 +10,7 @@ compile measured is the one that runs (read back from Inductor's FX-graph cache)
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
 import pytest
@@ -149,3 +150,23 @@ def test_without_the_check_optimize_warns_that_inductor_may_exceed_the_plan() ->
     with pytest.warns(BudgetWarning, match="check_peak=False"):
         opt = checkmate.optimize(M.MLP(16, 2), 0.7, compiler="inductor", check_peak=False)
     assert checkmate.plans_of(opt) == []
+
+
+def test_under_torch_distributed_plans_run_unchecked_and_it_is_said_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # each rank would measure and replan alone, and the ranks must run one plan
+    import checkmate.distributed as dist
+    from checkmate.runtime import BudgetWarning, Planner
+    from solvers.budget import parse_budget
+
+    planner = Planner(parse_budget(0.5), compiler="inductor")
+    monkeypatch.setattr(dist, "rank_and_world", lambda: (0, 2))
+    with pytest.warns(BudgetWarning, match="torch.distributed"):
+        assert not planner._can_check()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BudgetWarning)
+        assert not planner._can_check()  # said once
+    monkeypatch.setattr(dist, "rank_and_world", lambda: (0, 1))
+    assert planner._can_check()
+    assert not Planner(parse_budget("min"), compiler="inductor")._can_check()
