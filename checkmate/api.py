@@ -133,7 +133,7 @@ def optimize(
             When no plan measured fits, or the measurement fails, a
             :class:`~checkmate.runtime.BudgetWarning` says so. Off, the step may hold
             0.8-1.04x the budget (measured on CPU). Not done under torch.distributed
-            (ranks would choose apart) nor for ``budget="min"``.
+            (ranks would choose apart; a ``BudgetWarning`` says so) nor for ``budget="min"``.
 
     A training call that plans nothing (Dynamo captured no graph, e.g. ``nn.LSTM`` without
     ``torch._dynamo.config.allow_rnn = True``) runs eagerly with no memory bound and issues
