@@ -146,7 +146,7 @@ def test_the_family_target_is_the_graphs_own_bytes_net_of_what_ddp_holds_beside_
     from checkmate.families import family_target
     from solvers.budget import Budget
 
-    records = [SimpleNamespace(result=SimpleNamespace(budget=700))]  # planned net of a reserve
+    records = [SimpleNamespace(budget=700, result=SimpleNamespace(budget=700))]  # planned net of a reserve
     target, nbytes = family_target(Budget(nbytes=1000), 2000, records, [0], reserve=300)  # type: ignore[arg-type]
     assert nbytes == 700 and target.nbytes == 700
     # a fraction: its bytes less the reserve, never below what the family was planned at
@@ -154,3 +154,6 @@ def test_the_family_target_is_the_graphs_own_bytes_net_of_what_ddp_holds_beside_
     assert family_target(Budget(fraction=0.5), 1000, records, [0], reserve=200)[1] == 700  # type: ignore[arg-type]
     assert family_target(Budget(fraction=0.5), 2000, records, [], reserve=200) == (Budget(fraction=0.5), None)  # type: ignore[arg-type]
     assert family_target(Budget.least_peak(), 2000, records, [0], reserve=200)[1] is None  # type: ignore[arg-type]
+    # a plan checked compiled was solved at 900 simulated bytes to hold 700 measured: the floor is 700
+    checked = [SimpleNamespace(budget=700, result=SimpleNamespace(budget=900))]
+    assert family_target(Budget(fraction=0.5), 1000, checked, [0], reserve=200)[1] == 700  # type: ignore[arg-type]
