@@ -9,15 +9,16 @@ direction is fixed by a better static model alone: the excess depends on the sch
 
 So with ``compiler="inductor"`` the planner checks each plan the way the step will run it
 (:meth:`checkmate.runtime.Planner.partition`): Inductor compiles the forward and backward
-the plan generated, they run once (forward, then backward on the values it saved, in one
+the plan generated, and they run (a first forward shows the strides of the values it saves,
+for which the backward is compiled; then forward and backward on the values it saved, in one
 memory window, as AOTAutograd's runtime runs them) on the step's own parameters and inputs
 where the graph only reads them and on copies where it writes them (BatchNorm's running
 statistics), with the caller's random state restored afterwards, and
 :func:`checkmate.memory.measure_peak`'s allocator count gives the compiled step's peak.
 :func:`calibrate` then replans at the simulated target that the measured-to-simulated ratio
-points to, until the measured peak is within the budget and uses most of it:
-"check the compiled step's peak and replan", as Checkmate's own evaluation checks a
-schedule by running it (Jain et al., MLSys 2020, section 6), here with Inductor in the loop.
+points to, until the measured peak is within the budget and uses most of it. The plans
+themselves are Checkmate's (Jain et al., MLSys 2020); this module only measures them
+compiled and picks one.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def compiled_peak(
     real_inputs: Sequence[Any] | None = None,
 ) -> int:
     """The peak bytes of ``modules``' forward and backward compiled by ``compile_half``,
-    run once in one memory window (see the module docstring).
+    run in one memory window (see the module docstring).
 
     Args:
         modules: the plan's halves (left unchanged: copies are compiled).
