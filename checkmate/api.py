@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from checkmate.distributed import check_fsdp_order
-from checkmate.runtime import COMPILERS, BudgetWarning, Planner, PlanRecord
+from checkmate.runtime import COMPILERS, UNCHECKED, BudgetWarning, Planner, PlanRecord
 from solvers.budget import BudgetSpec, parse_budget
 from solvers.errors import CheckmateError, TraceError
 from solvers.strategies import check_options
@@ -133,7 +133,7 @@ def optimize(
             When no plan measured fits, or the measurement fails, a
             :class:`~checkmate.runtime.BudgetWarning` says so. Off, the step may hold
             0.8-1.04x the budget (measured on CPU). Not done under torch.distributed
-            (ranks would choose apart; a ``BudgetWarning`` says so) nor for ``budget="min"``.
+            (ranks would choose apart) nor for ``budget="min"``; a ``BudgetWarning`` says so.
 
     A training call that plans nothing (Dynamo captured no graph, e.g. ``nn.LSTM`` without
     ``torch._dynamo.config.allow_rnn = True``) runs eagerly with no memory bound and issues
@@ -166,11 +166,7 @@ def optimize(
         raise CheckmateError(f"compiler={compiler!r} is not one of {', '.join(map(repr, COMPILERS))}")
     if compiler == "inductor" and not check_peak:
         warnings.warn(
-            "compiler='inductor' with check_peak=False: Inductor allocates and frees its own buffers, so "
-            "the step's peak is not bound by the plan's simulated peak (Inductor fuses and reorders "
-            "kernels and runs convolutions channels-last: 0.78-1.035x the budget measured on CPU with "
-            "auto's plans, 1.36x for one CP-SAT plan); leave headroom, check the peak, or use "
-            "compiler='aot', whose peak follows the plan",
+            f"compiler='inductor' with check_peak=False: plans are not checked compiled; {UNCHECKED}",
             BudgetWarning,
             stacklevel=2,
         )

@@ -183,7 +183,8 @@ def compiled_peak(
         compile_half: what compiles a half (Inductor's ``compile_fx_inner``).
         real_inputs: the step's own tensors, in the forward's input order (torch.compile
             hands them to the backend); an input they lack, or whose shape, dtype or device
-            differs, is made up (random floats, zero integers and booleans).
+            differs, is made up as op timing makes its inputs (random floats, zero
+            integers and booleans, the example value's strides).
     """
     fw, bw = copy.deepcopy(modules.forward), copy.deepcopy(modules.backward)
     fw_ph = [n for n in fw.graph.nodes if n.op == "placeholder"]
@@ -269,10 +270,6 @@ def _input(val: Any, real: Sequence[Any] | None, k: int, *, copy: bool) -> Any:
             and r.stride() == val.stride()
         ):
             return r.detach().clone() if copy else r.detach()
-    made = torch.empty_strided(
-        tuple(int(s) for s in val.shape),
-        tuple(int(s) for s in val.stride()),
-        dtype=val.dtype,
-        device=val.device,
-    )
-    return made.normal_() if val.dtype.is_floating_point or val.dtype.is_complex else made.zero_()
+    from checkmate.timing import _Pool  # how op timing makes an input from an example value
+
+    return _Pool(val.device).tensor(val, own=True)

@@ -63,6 +63,13 @@ from solvers.schedule import PAGEIN, PAGEOUT, keep_all_peak
 
 __all__ = ["COMPILERS", "BudgetWarning", "PlanRecord", "Planner"]
 
+#: what a plan run by Inductor without the compiled check may hold (the warnings say it)
+UNCHECKED = (
+    "Inductor allocates its own buffers and fuses and reorders kernels, so the step's peak is not "
+    "the plan's simulated one (0.78-1.035x the budget measured on CPU with auto's plans, 1.36x for "
+    "one CP-SAT plan); leave headroom, or use compiler='aot', whose peak follows the plan"
+)
+
 #: a plan with its generated halves and the values it pages (see :func:`_codegen`)
 _Plan = tuple[SolveResult, SplitModules, tuple[str, ...]]
 
@@ -174,20 +181,20 @@ class Planner:
 
     def _can_check(self) -> bool:
         """Whether plans can be checked compiled here: not for the least peak (no bytes
-        to hold), nor across processes (each rank would measure, and choose, alone: the
-        first time, a :class:`BudgetWarning` says the plans run unchecked)."""
+        to hold), nor across processes (each rank would measure, and choose, alone). When
+        not, the first time, a :class:`BudgetWarning` says the plans run unchecked."""
         from checkmate.distributed import rank_and_world
 
         if self.budget.least:
-            return False
-        if rank_and_world()[1] == 1:
+            why = "budget='min' has no bytes to check against"
+        elif rank_and_world()[1] > 1:
+            why = "under torch.distributed each rank would replan alone"
+        else:
             return True
         if not self.warned_unchecked:
             self.warned_unchecked = True
             warnings.warn(
-                "compiler='inductor' under torch.distributed: plans are not checked compiled (each rank "
-                "would replan alone), so Inductor may hold 0.78-1.035x the budget (measured on CPU); "
-                "leave headroom, or use compiler='aot', whose peak follows the plan",
+                f"compiler='inductor': plans are not checked compiled ({why}); {UNCHECKED}",
                 BudgetWarning,
                 stacklevel=4,
             )

@@ -169,4 +169,5 @@ def test_under_torch_distributed_plans_run_unchecked_and_it_is_said_once(
         assert not planner._can_check()  # said once
     monkeypatch.setattr(dist, "rank_and_world", lambda: (0, 1))
     assert planner._can_check()
-    assert not Planner(parse_budget("min"), compiler="inductor")._can_check()
+    with pytest.warns(BudgetWarning, match="budget='min'"):
+        assert not Planner(parse_budget("min"), compiler="inductor")._can_check()
