@@ -92,8 +92,10 @@ def prepare_pt_budget(budget: float) -> Callable[[nn.Module, Workload], Step]:
     return prepare
 
 
-def prepare_inductor(budget: float | None) -> Callable[[nn.Module, Workload], Step]:
-    """``torch.compile`` (Inductor) of :class:`WithLoss`, at PyTorch's
+def prepare_inductor(
+    budget: float | None, wrapper: type[WithLoss] | None = None
+) -> Callable[[nn.Module, Workload], Step]:
+    """``torch.compile`` (Inductor) of :class:`WithLoss` (or ``wrapper``), at PyTorch's
     ``activation_memory_budget=budget`` (None: no budget, the config as it is).
 
     The returned step has run once (forward and backward: Inductor compiles the backward at
@@ -102,12 +104,14 @@ def prepare_inductor(budget: float | None) -> Callable[[nn.Module, Workload], St
     and AOTAutograd's cache are off for that first call: neither is read nor written, so a
     budget's compile is never another budget's cached artifact. The caller resets Dynamo
     before (a fresh model of the same class would otherwise reuse a graph compiled for
-    another budget: the budget is not part of Dynamo's guards).
+    another budget: the budget is not part of Dynamo's guards). A build that must keep its
+    own graph across such resets passes a ``wrapper`` with a ``forward`` of its own
+    (:class:`ReferenceLoss`).
     """
 
     def prepare(model: nn.Module, wl: Workload) -> Step:
         args = (*wl.inputs, *wl.batch)
-        compiled = cast(nn.Module, torch.compile(WithLoss(model, wl), dynamic=False))
+        compiled = cast(nn.Module, torch.compile((wrapper or WithLoss)(model, wl), dynamic=False))
         patches: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if budget is not None:
             stack = contextlib.ExitStack()
@@ -144,6 +148,20 @@ class WithLoss(nn.Module):
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
         inputs, batch = tensors[: self.n_inputs], tensors[self.n_inputs :]
         return self.criterion(self.model(*inputs), batch)
+
+
+class ReferenceLoss(WithLoss):
+    """:class:`WithLoss` under a ``forward`` code object of its own.
+
+    Dynamo keeps compiled graphs on the code object of the frame it compiles, and its guards
+    do not tell two :class:`WithLoss` instances of the same shapes apart. A reference built as
+    a plain :class:`WithLoss` and called again after ``torch._dynamo.reset()`` would therefore
+    run whatever :class:`WithLoss` was compiled since (e.g. one under
+    ``activation_memory_budget``), and a row timed against it would be timed against itself.
+    """
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return super().forward(*tensors)
 
 
 def prepare_checkmate(

@@ -57,7 +57,7 @@ import torch
 from torch import nn
 
 from benchmarks.models import Workload, gpt2_workload, llama_workload, resnet_workload
-from benchmarks.peer_methods import Step, prepare_checkmate, prepare_inductor
+from benchmarks.peer_methods import ReferenceLoss, Step, prepare_checkmate, prepare_inductor
 from checkmate.memory import measure_peak
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -222,7 +222,7 @@ def reference(wl: Workload, cfg: Config) -> Reference:
     state = copy.deepcopy(wl.build(0.0).state_dict())
     model = _fresh(wl, state)
     t0, g0 = time.perf_counter(), _graphs()
-    step = prepare_inductor(None)(model, wl)
+    step = prepare_inductor(None, ReferenceLoss)(model, wl)  # its own graph after every reset
     first = time.perf_counter() - t0
     ref = Reference(state, {}, {}, model, step, first_s=first, graphs=_graphs() - g0)
     for _ in range(cfg.warmup):

@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 
 from benchmarks import peers, peers_compile, peers_compile_report, peers_report  # noqa: E402
 from benchmarks.csvio import read_rows  # noqa: E402
-from benchmarks.models import llama_workload  # noqa: E402
+from benchmarks.models import Workload, llama_workload  # noqa: E402
+from benchmarks.peer_methods import prepare_inductor  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +161,40 @@ def test_llama_workload_trains_on_a_device() -> None:
     loss.backward()
     assert loss.item() > 0 and all(p.grad is not None for p in model.parameters() if p.requires_grad)
     assert len(wl.blocks(model)) == 2 and wl.inputs[0] is wl.batch[0]
+
+
+def _mlp_workload() -> Workload:
+    torch.manual_seed(0)
+    x = torch.randn(2048, 64)  # activations, not weights, make the peak
+
+    def build(dropout: float) -> torch.nn.Module:
+        torch.manual_seed(0)
+        layers = [torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()) for _ in range(8)]
+        return torch.nn.Sequential(*layers)
+
+    return Workload(
+        name="mlp",
+        shape="2048x64",
+        build=build,
+        batch=(x,),
+        inputs=(x,),
+        criterion=lambda out, batch: out.square().mean(),
+        blocks=lambda m: list(m),
+    )
+
+
+def test_the_compiled_reference_keeps_its_own_graph_across_resets() -> None:
+    """A later build compiled under ``activation_memory_budget`` after ``torch._dynamo.reset()``
+    must not serve the reference's calls (Dynamo keys its cache on the frame's code object)."""
+    torch.set_num_threads(1)
+    cfg = peers_compile.Config(models=(), device="cpu", pairs=1, warmup=0)
+    wl = _mlp_workload()
+    ref = peers_compile.reference(wl, cfg)
+    torch._dynamo.reset()
+    model = wl.build(0.0)
+    step = prepare_inductor(0.5)(model, wl)
+    assert peers_compile._peak(model, step) < ref.peak  # the budget changed the graph
+    graphs = peers_compile._graphs()
+    assert peers_compile._peak(ref.model, ref.step) == ref.peak
+    assert peers_compile._graphs() == graphs + 1  # recompiled its own, not a cache hit on the other
+    torch._dynamo.reset()
