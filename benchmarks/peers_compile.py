@@ -98,6 +98,8 @@ class Row:
     overhead: float | None = None
     spread: float | None = None  # half the interquartile range of the per-pair ratios
     planned: float | None = None  # checkmate: planned overhead
+    vs_point: float | None = None  # checkmate at a pt point: median per-pair ratio to it - 1
+    vs_spread: float | None = None  # half the interquartile range of those ratios
     grad_err: float | None = None
     grad_rel: float | None = None
     buffer_err: float | None = None
@@ -153,17 +155,17 @@ def _timed(model: nn.Module, step: Step, device: str) -> float:
 
 
 def _paired(
-    model: nn.Module, step: Step, ref: Reference, n: int, device: str
+    model: nn.Module, step: Step, other: tuple[nn.Module, Step], n: int, device: str
 ) -> tuple[float, float, float, float]:
-    """(median step s, median reference s, median per-pair ratio, half the ratios' IQR)."""
+    """(median step s, median ``other`` s, median per-pair ratio, half the ratios' IQR)."""
     mine: list[float] = []
     theirs: list[float] = []
     for i in range(n):
         if i % 2:
             mine.append(_timed(model, step, device))
-            theirs.append(_timed(ref.model, ref.step, device))
+            theirs.append(_timed(*other, device))
         else:
-            theirs.append(_timed(ref.model, ref.step, device))
+            theirs.append(_timed(*other, device))
             mine.append(_timed(model, step, device))
     ratios = sorted(a / b for a, b in zip(mine, theirs, strict=True))
     q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
@@ -245,13 +247,21 @@ def measure(
     budget: int | None = None,
     built: list[nn.Module] | None = None,
     notes: list[str] | None = None,
+    keep: list[tuple[nn.Module, Step]] | None = None,
+    versus: tuple[nn.Module, Step] | None = None,
 ) -> Row:
     """Build from a reset Dynamo, compile, check gradients, measure the peak, time against
     the reference (recompiled after the reset: a Dynamo trace, its Inductor artifact from the
-    cache). A failure at any stage becomes the row's status."""
+    cache). A failure at any stage becomes the row's status.
+
+    ``keep``: the build is appended to it instead of dropped. ``versus``: a build kept so (a
+    pt-budget point) that this row is also timed against, in alternating pairs; Dynamo is then
+    not reset first, or that build would recompile without its budget (checkmate's own
+    backend keeps its graphs apart from Inductor's)."""
     row = Row(model=wl.name, method=method, knob=knob, target=target, budget=budget)
     try:
-        torch._dynamo.reset()
+        if versus is None:
+            torch._dynamo.reset()
         t0, g0 = time.perf_counter(), _graphs()
         model = _fresh(wl, ref.state)
         step = prepare(model, wl)
@@ -268,8 +278,13 @@ def measure(
         row.grads_ok = row.grad_rel <= cfg.grad_tol
         row.peak = _peak(model, step)
         row.peak_frac = row.peak / ref.peak if ref.peak else None
-        row.step_s, row.ref_s, ratio, row.spread = _paired(model, step, ref, cfg.pairs, cfg.device)
+        row.step_s, row.ref_s, ratio, row.spread = _paired(
+            model, step, (ref.model, ref.step), cfg.pairs, cfg.device
+        )
         row.overhead = ratio - 1.0
+        if versus is not None:
+            _, _, ratio, row.vs_spread = _paired(model, step, versus, cfg.pairs, cfg.device)
+            row.vs_point = ratio - 1.0
         if built:
             from checkmate.api import plans_of
 
@@ -278,6 +293,8 @@ def measure(
             row.graphs = len(records)
             if total:
                 row.planned = sum((r.result.cost or 0.0) for r in records) / total - 1.0
+        if keep is not None:
+            keep.append((model, step))
         del model, step
     except Exception as exc:  # a method's failure is a row, not the end of the run
         from solvers.errors import CheckmateError
@@ -294,7 +311,8 @@ def measure(
 
 
 def run_model(wl: Workload, cfg: Config, log: Callable[[str], None]) -> list[Row]:
-    """compile, the pt-budget points, then checkmate at their measured peaks and at 1.0."""
+    """compile, each pt-budget point followed by checkmate at its measured peak (timed against
+    the reference and against that point), then checkmate at 1.0; rows in that order by method."""
     t0 = time.perf_counter()
     ref = reference(wl, cfg)
     log(
@@ -307,36 +325,39 @@ def run_model(wl: Workload, cfg: Config, log: Callable[[str], None]) -> list[Row
         rows.append(row)
         log(f"  {row.method:9s} {row.knob:11s} {row.target:9s} " + _brief(row))
 
-    add(measure(wl, "compile", "", prepare_inductor(None), ref, cfg))
-    for b in cfg.budgets:
-        add(measure(wl, "pt-budget", f"{b:g}", prepare_inductor(b), ref, cfg))
-    targets: list[tuple[int | float, str]] = [
-        (r.peak, f"pt {r.knob}") for r in rows if r.method == "pt-budget" and r.status == "ok" and r.peak
-    ]
-    targets.append((1.0, "1.0"))
-    for budget, label in targets:
+    def planned_at(budget: int | float, label: str, versus: tuple[nn.Module, Step] | None = None) -> Row:
         notes: list[str] = []
         built: list[nn.Module] = []
         knob = f"{_mib(budget)} MiB" if isinstance(budget, int) else f"{budget:g}"
         prepare = prepare_checkmate(
             budget, cfg.strategy, cfg.time_limit, notes, compiler="inductor", built=built
         )
-        add(
-            measure(
-                wl,
-                "checkmate",
-                knob,
-                prepare,
-                ref,
-                cfg,
-                target=label,
-                budget=budget if isinstance(budget, int) else None,
-                built=built,
-                notes=notes,
-            )
+        return measure(
+            wl,
+            "checkmate",
+            knob,
+            prepare,
+            ref,
+            cfg,
+            target=label,
+            budget=budget if isinstance(budget, int) else None,
+            built=built,
+            notes=notes,
+            versus=versus,
         )
+
+    add(measure(wl, "compile", "", prepare_inductor(None), ref, cfg))
+    for b in cfg.budgets:
+        kept: list[tuple[nn.Module, Step]] = []
+        point = measure(wl, "pt-budget", f"{b:g}", prepare_inductor(b), ref, cfg, keep=kept)
+        add(point)
+        if point.status == "ok" and point.peak:
+            add(planned_at(point.peak, f"pt {point.knob}", versus=kept[0]))
+        kept.clear()
+    add(planned_at(1.0, "1.0"))
     torch._dynamo.reset()
-    return rows
+    order = {"compile": 0, "pt-budget": 1, "checkmate": 2}
+    return sorted(rows, key=lambda r: order.get(r.method, 3))  # stable: budgets stay in order
 
 
 def _brief(r: Row) -> str:

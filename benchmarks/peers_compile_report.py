@@ -4,8 +4,10 @@ Verdicts, per model:
 
 - each ``pt-budget`` point against checkmate planned at that point's measured peak:
   **yes** when checkmate ran, its measured peak is at most ``SAME_MEMORY`` times the point's,
-  and its median step-time ratio to the reference is below the point's; otherwise **no**
-  with the reason (no plan, failed, more memory, slower);
+  and it is faster: its median per-pair step-time ratio to the point itself (the two timed in
+  alternating pairs, ``Row.vs_point``) is below 1, or, for rows without that, its median
+  ratio to the reference is below the point's; otherwise **no** with the reason (no plan,
+  failed, more memory, slower);
 - checkmate at 1.0 against plain ``torch.compile``: **yes** when its overhead is at most the
   run's noise (:func:`noise`: the larger of 2% and twice the ``compile`` row's |overhead| plus
   its spread; that row is a second plain build timed against the reference).
@@ -78,11 +80,16 @@ def verdicts(rows: list[Row]) -> list[tuple[str, bool, str]]:
             continue
         ratio = cm.peak / pt.peak
         same = ratio <= SAME_MEMORY
-        faster = (cm.overhead or 0.0) < (pt.overhead or 0.0)
+        if cm.vs_point is not None:
+            faster = cm.vs_point < 0.0
+            direct = f"; against the point directly {_pct(cm.vs_point)} ±{100 * (cm.vs_spread or 0):.1f}"
+        else:
+            faster = (cm.overhead or 0.0) < (pt.overhead or 0.0)
+            direct = ""
         why = [] if same else [f"measured peak {ratio:.3f}x the point's"]
         if not faster:
             why.append("slower")
-        line = f"{desc} vs checkmate ({cm.peak / 2**20:.2f} MiB = {ratio:.3f}x, {_pct(cm.overhead)})"
+        line = f"{desc} vs checkmate ({cm.peak / 2**20:.2f} MiB = {ratio:.3f}x, {_pct(cm.overhead)}{direct})"
         out.append((head, same and faster, line + (f": {', '.join(why)}" if why else "")))
     one = cms.get("1.0")
     if one is not None:
@@ -127,6 +134,7 @@ def _cells(r: Row, verdict: dict[str, bool]) -> list[str]:
             "",
             "",
             "",
+            "",
             mark or "**no**",
         ]
     over_budget = f" ({r.peak / r.budget:.3f}x)" if r.budget and r.peak else ""
@@ -138,6 +146,7 @@ def _cells(r: Row, verdict: dict[str, bool]) -> list[str]:
         f"{r.peak_frac:.2f}" if r.peak_frac is not None else "-",
         f"{1e3 * (r.step_s or 0):.2f}",
         f"{_pct(r.overhead)} ±{100 * (r.spread or 0):.1f}",
+        f"{_pct(r.vs_point)} ±{100 * (r.vs_spread or 0):.1f}" if r.vs_point is not None else "-",
         _pct(r.planned),
         f"{_err(r.grad_rel)}" + ("" if r.grads_ok else " **over**"),
         _err(r.buffer_err),
@@ -165,7 +174,9 @@ def markdown(rows: list[Row], cfg: Config, info: RunInfo) -> str:
         "'of ref' = over the reference's peak; for checkmate rows planned in bytes, the measured peak over "
         f"that budget in parentheses. Step = median {timing} over {cfg.pairs} steps alternating with the "
         "reference; overhead = median per-pair ratio - 1 (± half the ratios' interquartile range); the "
-        "`compile` row is a second plain build, its overhead the noise floor. Planned = checkmate's plans' "
+        "`compile` row is a second plain build, its overhead the noise floor. Vs point = for checkmate "
+        "planned at a pt-budget point, the median per-pair ratio of its step to that point's - 1, the two "
+        "timed in alternating pairs (same ±). Planned = checkmate's plans' "
         "cost / the graphs' total cost - 1. Grad err = max abs gradient difference from the reference after "
         f"one step from the same state / max |gradient| (tolerance {cfg.grad_tol:g}); buffer err = max abs "
         "difference of buffers (BatchNorm statistics). pt-budget = `torch._functorch.config."
@@ -173,7 +184,7 @@ def markdown(rows: list[Row], cfg: Config, info: RunInfo) -> str:
         f'caches off. checkmate: `compiler="inductor"`, strategy `{cfg.strategy}`, {cfg.time_limit:g} s per '
         "plan, budget = the named point's measured peak in bytes, or the fraction 1.0. First = build + "
         "compile (+ plan) + one step, s. Verdict (checkmate rows): faster than the point at "
-        f"equal measured memory (≤ {SAME_MEMORY:g}x its peak); at 1.0, no slower than plain torch.compile "
+        f"equal measured memory (≤ {SAME_MEMORY:g}x its peak), by `vs point`; at 1.0, no slower than plain torch.compile "
         "within the noise.",
         "",
     ]
@@ -183,10 +194,10 @@ def markdown(rows: list[Row], cfg: Config, info: RunInfo) -> str:
         verdict = {point: met for point, met, _ in vs}
         out += [f"## {model}", ""]
         out.append(
-            "| method | knob | planned at | peak MiB | of ref | step ms | overhead | planned | grad err | "
-            "buffer err | graphs | first s | verdict |"
+            "| method | knob | planned at | peak MiB | of ref | step ms | overhead | vs point | planned | "
+            "grad err | buffer err | graphs | first s | verdict |"
         )
-        out.append("|" + "---|" * 13)
+        out.append("|" + "---|" * 14)
         out += ["| " + " | ".join(_cells(r, verdict)) + " |" for r in mrows]
         ref_s = next((r.ref_s for r in mrows if r.ref_s), None)
         if ref_s:

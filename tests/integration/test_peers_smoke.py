@@ -136,6 +136,22 @@ def test_compile_verdicts_show_misses() -> None:
     assert not dict((p, m) for p, m, _ in peers_compile_report.verdicts(rows))["1.0"]
 
 
+
+def test_a_direct_comparison_with_the_point_decides_the_verdict() -> None:
+    """Timed against the point itself (``vs_point``), that ratio decides, not the two ratios
+    to the reference taken at different times."""
+    rows = [
+        _crow("compile"),
+        _crow("pt-budget", "0.8", peak=90, overhead=-0.02),
+        _crow("pt-budget", "0.5", peak=80, overhead=0.05),
+        _crow("checkmate", "90 B", "pt 0.8", budget=90, peak=89, overhead=0.01, vs_point=-0.01),
+        _crow("checkmate", "80 B", "pt 0.5", budget=80, peak=79, overhead=0.01, vs_point=0.004),
+    ]
+    got = {point: (met, line) for point, met, line in peers_compile_report.verdicts(rows)}
+    assert got["pt 0.8"][0] and "against the point directly -1.0%" in got["pt 0.8"][1]
+    assert not got["pt 0.5"][0] and got["pt 0.5"][1].endswith("slower")
+
+
 def test_compile_report_round_trips(tmp_path: Path) -> None:
     rows = [
         _crow("compile"),
