@@ -136,7 +136,6 @@ def test_compile_verdicts_show_misses() -> None:
     assert not dict((p, m) for p, m, _ in peers_compile_report.verdicts(rows))["1.0"]
 
 
-
 def test_a_direct_comparison_with_the_point_decides_the_verdict() -> None:
     """Timed against the point itself (``vs_point``), that ratio decides, not the two ratios
     to the reference taken at different times."""
