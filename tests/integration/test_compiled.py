@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import checkmate  # noqa: E402
-from checkmate.compiled import AIM, ROUNDS, USE, calibrate  # noqa: E402
+from checkmate.compiled import AIM, BRACKETED, ROUNDS, USE, calibrate  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
 from tests.integration import _models as M  # noqa: E402
 
@@ -80,9 +80,39 @@ def test_the_cheapest_fitting_plan_is_kept_and_the_rounds_are_bounded() -> None:
         BUDGET, BUDGET, simulated=lambda p: p, cost=lambda p: 1e12 / p, measure=measure,
         replan=lambda t: t, ceiling=CEILING, start=BUDGET,
     )  # fmt: skip
-    assert len(check.rounds) <= ROUNDS + 1
+    assert len(check.rounds) <= ROUNDS + BRACKETED + 1
     fitting = [r for r in check.rounds if r.measured is not None and r.measured <= BUDGET]
     assert check.fits and plan == max(r.target for r in fitting)  # the least cost of those that fit
+
+
+def _smooth(p: int, slope: float) -> int:
+    """A plan's measured peak when the measured/simulated ratio rises with the target from
+    0.6 at the budget (more recomputes hide more from the simulation)."""
+    return int(p * (0.6 + slope * (p - BUDGET) / BUDGET))
+
+
+def test_between_a_plan_over_and_one_under_the_budget_one_more_plan_is_measured() -> None:
+    # 0.6M under; the ratio step 1.65M measures 1.63M, over; the interpolation 1.25M
+    # measures 0.93M, under but below USE: without another round that plan would be kept
+    plan, check = calibrate(
+        BUDGET, BUDGET, simulated=lambda p: p, cost=lambda p: 1e12 / p, measure=lambda p: _smooth(p, 0.6),
+        replan=lambda t: t, ceiling=CEILING, start=BUDGET,
+    )  # fmt: skip
+    assert len(check.rounds) == ROUNDS + BRACKETED + 1
+    assert (check.rounds[ROUNDS].measured or 0) < USE * BUDGET < BUDGET < (check.rounds[1].measured or 0)
+    assert check.fits and USE * BUDGET <= (check.measured or 0), check
+    assert plan == check.rounds[-1].target
+
+
+def test_without_a_plan_over_the_budget_the_rounds_stop_at_rounds() -> None:
+    # every plan measures at most 0.9M: none goes over, there is nothing to interpolate in
+    _, check = calibrate(
+        BUDGET, BUDGET, simulated=lambda p: p, cost=lambda p: 1e12 / p,
+        measure=lambda p: min(int(0.5 * p), 900_000) if p < CEILING else 900_000,
+        replan=lambda t: t, ceiling=CEILING * 2, start=BUDGET,
+    )  # fmt: skip
+    assert len(check.rounds) == ROUNDS + 1 and check.fits
+    assert all((r.measured or 0) < USE * BUDGET for r in check.rounds)
 
 
 def test_keep_all_is_not_replanned_upwards() -> None:
