@@ -26,10 +26,11 @@ state, relative to the reference's largest gradient, checked against ``--grad-to
 
 Verdicts (in the markdown): for each pt-budget point, whether checkmate planned at its
 measured peak is faster at equal measured memory (its peak at most ``SAME_MEMORY`` times the
-point's; faster by the median ratio of the two timed against each other in alternating
-pairs, ``vs_point``: the point's build is kept, and checkmate's is made without resetting
-Dynamo, so that the point's compiled graph stays the one that runs); and whether checkmate at 1.0 is no slower than plain ``torch.compile`` (within the
-run's noise). A miss says which condition failed.
+point's; faster by ``vs_point``, the median ratio of the two timed against each other in
+alternating pairs: the point's build is kept, and checkmate's is made without resetting
+Dynamo, so that the point's compiled graph stays the one that runs); and whether checkmate
+at 1.0 is no slower than plain ``torch.compile`` (within the run's noise). A miss says which
+condition failed.
 
 Outputs under ``--out``: ``peers_compile.csv`` (every field), ``.json`` (command, machine,
 config), ``.md`` and ``.png`` (step time against measured peak, one panel per model, one
