@@ -10,7 +10,9 @@ solution needs only that index (:meth:`RSIndex.decode`, :func:`decode_schedule`)
 Formulation (frontier-advancing stages t = 0..n-1; stage t computes node t first):
 
 - ``R[t,i]`` binary, i <= t, ``R[t,t] = 1``: stage t computes i. ``S[t,i]`` binary,
-  i < t: i's output is resident at the start of stage t. Objective: min Σ cost_i R[t,i].
+  i < t: i's output is resident at the start of stage t. Objective: min Σ cost_i R[t,i]
+  (+ each forward value's save cost where it is resident as the first backward stage b
+  starts, S[b,i], or computed in it before b, R[b,i]: see ``Node.save_cost``).
 - Dependencies: ``R[t,j] <= R[t,i] + S[t,i]`` for each edge i -> j.
 - Memory: ``U[t,k]`` = bytes in use in stage t right after computing k (the simulator's
   peak point, before the frees that follow k), ``U[t,k] <= budget``::
@@ -479,6 +481,15 @@ def formulate(
     col_hi[U0 : U0 + num_r] = budget / mem_unit
     cost = np.zeros(num_cols)
     cost[:num_r] = graph.cost[r_i] / cost_unit
+    b = graph.first_backward
+    if b < n and graph.save_cost.any():
+        # what the forward hands to the backward: resident at stage b's start, or computed in
+        # stage b before node b (those steps still run in the forward: checkmate.codegen)
+        save = graph.save_cost / cost_unit
+        s_cols = np.flatnonzero((s_t == b) & (save[s_i] > 0))
+        cost[S0 + s_cols] += save[s_i[s_cols]]
+        r_cols = np.flatnonzero((r_t == b) & (r_i < b) & (save[r_i] > 0))
+        cost[r_cols] += save[r_i[r_cols]]
     integrality = np.zeros(num_cols, dtype=bool)
     integrality[:U0] = True
     return MilpModel(

@@ -52,6 +52,11 @@ class Node:
         key: the node's id in the file or framework it came from (for plans that name
             nodes as the user does); defaults to ``id``.
         op: the op's kind (e.g. ``"aten.mm"``), informational.
+        save_cost: time the forward spends only when it hands this value to the backward,
+            charged once when the value is resident as the backward starts (a compiled
+            forward that fuses the op into its reader writes the result to memory only to
+            save it, and the backward reads it back: see :mod:`checkmate.fusion`); 0 for
+            values the forward writes anyway.
     """
 
     id: int
@@ -62,6 +67,7 @@ class Node:
     recomputable: bool = True
     key: int | str | None = None
     op: str = ""
+    save_cost: float = 0.0
 
     @property
     def ext(self) -> int | str:
@@ -99,6 +105,19 @@ class Graph:
             ):
                 raise GraphError(
                     f"node {node.ext!r} ({node.name!r}) has cost {node.cost!r}: costs must be finite numbers >= 0"
+                )
+            if (
+                not isinstance(node.save_cost, (int, float, np.integer, np.floating))
+                or not 0 <= node.save_cost < math.inf
+            ):
+                raise GraphError(
+                    f"node {node.ext!r} ({node.name!r}) has save cost {node.save_cost!r}: save costs "
+                    "must be finite numbers >= 0"
+                )
+            if node.save_cost and node.backward:
+                raise GraphError(
+                    f"node {node.ext!r} ({node.name!r}) is a backward node with a save cost: only "
+                    "forward values are handed to the backward"
                 )
             if not isinstance(node.mem, (int, np.integer)) or isinstance(node.mem, bool):
                 raise GraphError(
@@ -149,7 +168,7 @@ class Graph:
 
         Args:
             nodes: mappings with keys ``key`` (external id, required), ``name``, ``cost``,
-                ``mem`` and optionally ``backward``, ``recomputable``, ``op``.
+                ``mem`` and optionally ``backward``, ``recomputable``, ``op``, ``save_cost``.
             edges: ``(src_key, dst_key)`` pairs; duplicates are merged.
             name: the graph's name.
             order: an optional topological order of the keys to use (it is checked);
@@ -211,6 +230,7 @@ class Graph:
                     recomputable=bool(nd.get("recomputable", True)),
                     key=keys[p],  # type: ignore[arg-type]
                     op=str(nd.get("op", "")),
+                    save_cost=_cost(nd.get("save_cost", 0.0), keys[p], "save cost"),
                 )
             )
         new_edges = sorted((rank[u], rank[v]) for u in range(n) for v in adj[u])
@@ -228,6 +248,20 @@ class Graph:
         arr = np.array([nd.cost for nd in self.nodes], dtype=np.float64)
         arr.setflags(write=False)
         return arr
+
+    @cached_property
+    def save_cost(self) -> FloatArray:
+        """Per-node save cost (see :class:`Node`), shape (n,)."""
+        arr = np.array([nd.save_cost for nd in self.nodes], dtype=np.float64)
+        arr.setflags(write=False)
+        return arr
+
+    @cached_property
+    def first_backward(self) -> int:
+        """The id of the first backward node (``n`` when there is none): the stage at which
+        the values resident pay their save costs."""
+        bw = np.flatnonzero(self.backward_mask)
+        return int(bw[0]) if bw.size else self.n
 
     @cached_property
     def mem(self) -> IntArray:
@@ -307,16 +341,17 @@ class Graph:
         return f"{self.name or 'graph'}: {self.n} nodes, {len(self.edges)} edges, {nb} backward"
 
 
-def _cost(value: Any, key: Hashable) -> float:
-    """A node's cost as a float; a GraphError for what is not a finite number >= 0."""
+def _cost(value: Any, key: Hashable, what: str = "cost") -> float:
+    """A node's cost (or save cost) as a float; a GraphError for what is not a finite
+    number >= 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise GraphError(f"node {key!r} has cost {value!r}: costs must be numbers")
+        raise GraphError(f"node {key!r} has {what} {value!r}: {what}s must be numbers")
     try:
         cost = float(value)
     except OverflowError:
         cost = math.inf
     if not 0 <= cost < math.inf:
-        raise GraphError(f"node {key!r} has cost {value!r}: costs must be finite and >= 0")
+        raise GraphError(f"node {key!r} has {what} {value!r}: {what}s must be finite and >= 0")
     return cost
 
 

@@ -94,6 +94,7 @@ def graph_to_dict(graph: Graph) -> dict[str, Any]:
                 "backward": nd.backward,
                 "recomputable": nd.recomputable,
                 "op": nd.op,
+                **({"save_cost": nd.save_cost} if nd.save_cost else {}),
             }
             for nd in graph.nodes
         ],
@@ -142,6 +143,7 @@ def _from_own(doc: dict[str, Any], default_name: str) -> Graph:
                 "backward": _bool(nd.get("backward", False), f"node {key!r} backward"),
                 "recomputable": _bool(nd.get("recomputable", True), f"node {key!r} recomputable"),
                 "op": _str(nd.get("op", ""), f"node {key!r} op"),
+                "save_cost": _num(nd.get("save_cost", 0.0), f"node {key!r} save_cost"),
             }
         )
     edges = [_pair(e, i) for i, e in enumerate(_list(doc, "edges"))]

@@ -107,8 +107,12 @@ def graph_fingerprint(graph: Graph) -> str:
 
 
 def cost_fingerprint(graph: Graph) -> str:
-    """sha256 over the node costs (what a schedule's optimality depends on)."""
-    return hashlib.sha256(graph.cost.tobytes()).hexdigest()
+    """sha256 over the node costs and, where there are any, the save costs (what a
+    schedule's optimality depends on; a graph without save costs hashes as before them)."""
+    data = graph.cost.tobytes()
+    if graph.save_cost.any():
+        data += graph.save_cost.tobytes()
+    return hashlib.sha256(data).hexdigest()
 
 
 def plan_to_dict(graph: Graph, result: SolveResult, **extra: Any) -> dict[str, Any]:

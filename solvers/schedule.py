@@ -87,7 +87,7 @@ class SimResult:
     """What the simulator measured.
 
     Attributes:
-        cost: sum of the cost of every compute step.
+        cost: sum of the cost of every compute step, plus ``save_cost``.
         peak: the largest memory in use right after a compute (bytes).
         peak_step: index into ``steps`` where the peak occurs (-1 for an empty schedule).
         timeline: memory in use after each step, shape (len(steps),).
@@ -97,6 +97,9 @@ class SimResult:
             without paging steps or without a ``transfer_time``).
         transfer_bytes: bytes moved between host and device, both directions.
         transfers: number of page-out and page-in steps.
+        save_cost: the save costs (:attr:`solvers.graph.Node.save_cost`) of the values
+            resident at the first compute of a backward node: what the forward hands to the
+            backward.
     """
 
     cost: float
@@ -108,6 +111,7 @@ class SimResult:
     transfer_cost: float = 0.0
     transfer_bytes: int = 0
     transfers: int = 0
+    save_cost: float = 0.0
 
     @property
     def recomputes(self) -> int:
@@ -122,6 +126,9 @@ def simulate(
     transfer_time: Callable[[int], float] | None = None,
 ) -> SimResult:
     """Replay ``schedule`` on ``graph``; return its cost, peak memory and timeline.
+
+    The cost is the compute steps' costs plus, once, the save costs of the values resident
+    when the first backward node is computed (the values the forward hands to the backward).
 
     Args:
         graph: the graph.
@@ -151,6 +158,10 @@ def simulate(
     peak = 0
     peak_step = -1
     total = 0.0
+    bwd = graph.backward_mask
+    saving = graph.save_cost
+    charge = bool(saving.any())
+    saved = 0.0
     for s, (op, i) in enumerate(steps):
         if not (0 <= i < n):
             raise ScheduleError(f"step {s} ({op}, {i}) names a node that does not exist (n={n})")
@@ -163,6 +174,9 @@ def simulate(
                         f"step {s} computes node {_name(graph, i)} but its input "
                         f"{_name(graph, p)} is not resident"
                     )
+            if charge and bwd[i]:
+                saved = float(saving[resident].sum())
+                charge = False
             resident[i] = True
             counts[i] += 1
             cur += int(mem[i])
@@ -199,7 +213,7 @@ def simulate(
             )
         timeline[s] = cur
     return SimResult(
-        cost=total,
+        cost=total + saved,
         peak=peak,
         peak_step=peak_step,
         timeline=timeline,
@@ -208,6 +222,7 @@ def simulate(
         transfer_cost=transfer,
         transfer_bytes=moved,
         transfers=moves,
+        save_cost=saved,
     )
 
 

@@ -129,9 +129,17 @@ def complete_rs(graph: Graph, S: npt.ArrayLike) -> tuple[BoolMatrix, BoolMatrix]
     raise AssertionError("complete_rs did not converge")  # pruning only shrinks S: a bug
 
 
-def rs_cost(graph: Graph, R: BoolMatrix) -> float:
-    """Compute cost of a stage matrix R: sum of R[t, i] * cost_i."""
-    return float(R.sum(axis=0) @ graph.cost)
+def rs_cost(graph: Graph, R: BoolMatrix, S: BoolMatrix | None = None) -> float:
+    """Cost of stage matrices: sum of R[t, i] * cost_i, plus, given S, the save costs of
+    the values the forward hands to the backward (resident as the first backward stage b
+    starts, or computed in it before b), as the simulator and the MILP charge them."""
+    cost = float(R.sum(axis=0) @ graph.cost)
+    b = graph.first_backward
+    if S is not None and b < graph.n and graph.save_cost.any():
+        handed = S[b].astype(bool).copy()
+        handed[:b] |= R[b, :b].astype(bool)
+        cost += float(graph.save_cost[handed].sum())
+    return cost
 
 
 def s_from_schedule(graph: Graph, schedule: Schedule) -> BoolMatrix | None:

@@ -18,7 +18,8 @@ O(n) integer variables instead of the Checkmate MILP's O(n²) binaries:
   while its inputs are resident);
 - precedence: each compute of v needs each input u resident: some present interval l of u
   with ``s_ul < s_vk < e_ul`` (a Boolean per (edge, k, l), at most C² per edge);
-- objective: minimize Σ cost_v · p_vk (the first computes are a constant).
+- objective: minimize Σ cost_v · p_vk (the first computes are a constant), plus the save
+  cost of each value resident as the first backward node is computed (``Node.save_cost``).
 
 Restrictions (the result is optimal *within* them; see ``info["restrictions"]``):
 ``C_v`` computes per node (``max_computes``, default 3); non-recomputable nodes, and
@@ -200,8 +201,44 @@ def build_model(
                 m.add(end[u][lu] > start[v][k]).only_enforce_if(b)
                 cover.append(b)
             m.add_bool_or([present[v][k].Not(), *cover])
-    m.minimize(sum(int(icost[v]) * present[v][k] for v in range(n) for k in range(1, len(start[v]))))
+    objective = [int(icost[v]) * present[v][k] for v in range(n) for k in range(1, len(start[v]))]
+    objective += _handed_over(m, graph, start, end, present, stages, cost_unit)
+    m.minimize(sum(objective))
     return CpsatModel(m, start, end, present, stages, horizon, cost_unit, notes)
+
+
+def _handed_over(
+    m: Any,
+    graph: Graph,
+    start: list[list[Any]],
+    end: list[list[Any]],
+    present: list[list[Any]],
+    stages: list[list[Any]],
+    cost_unit: float,
+) -> list[Any]:
+    """Objective terms for the save costs (:attr:`solvers.graph.Node.save_cost`): a copy of
+    v resident when the first backward node b is computed (slot ``X = b * (n + 1)``: computed
+    before it, ``s < X``, and held through it, ``e > X``) pays v's save cost, as the
+    simulator charges it. A Boolean per copy, forced up only when the copy covers X (the
+    objective keeps it down otherwise)."""
+    n, b = graph.n, graph.first_backward
+    save = np.rint(graph.save_cost / cost_unit).astype(np.int64)
+    if b >= n or not (save > 0).any():
+        return []
+    slot = b * (n + 1)
+    terms: list[Any] = []
+    for v in np.flatnonzero(save > 0).tolist():
+        for k in range(len(start[v])):
+            held = m.new_bool_var(f"h{v}_{k}")
+            if k == 0:  # computed at slot v * (n + 1) < X: held through X unless it ends by X
+                m.add(end[v][0] <= slot).only_enforce_if(held.Not())
+            else:  # a recompute in a stage up to b runs before X
+                early = m.new_bool_var(f"a{v}_{k}")
+                m.add(stages[v][k] <= b).only_enforce_if(early)
+                m.add(stages[v][k] > b).only_enforce_if(early.Not())
+                m.add(end[v][k] <= slot).only_enforce_if([held.Not(), present[v][k], early])
+            terms.append(int(save[v]) * held)
+    return terms
 
 
 def decode(graph: Graph, index: CpsatModel, value: Any) -> Schedule:

@@ -102,7 +102,7 @@ def round_threshold_sweep(
             continue
         seen.add(key)
         R, S = complete_rs(graph, S0)
-        cost = rs_cost(graph, R)
+        cost = rs_cost(graph, R, S)
         if best is not None and cost >= best[2]:
             continue
         if stage_memory(graph, R, S).peak <= budget:

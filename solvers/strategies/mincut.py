@@ -6,8 +6,9 @@ the forward values a minimum s-t cut selects: the backward reads what the cut ke
 recomputes the rest from it. This strategy writes that choice as one cut with both prices
 in it, and sweeps the exchange rate between them:
 
-- every forward node v is split into ``v_in -> v_out`` with capacity ``mem(v)``: cut, v's
-  output is kept from the forward for the backward;
+- every forward node v is split into ``v_in -> v_out`` with capacity
+  ``mem(v) + lam * save_cost(v)``: cut, v's output is kept from the forward for the backward
+  (its bytes, and what handing it over costs: :attr:`solvers.graph.Node.save_cost`);
 - ``source -> v_in`` with capacity ``lam * cost(v)``: cut, v runs again in the backward;
   infinite for values every policy keeps (:func:`~solvers.strategies._segments.forced_keep`:
   ops that may run only once, values no forward op reads);
@@ -71,6 +72,7 @@ class _Network:
         self.fixed_dst = np.concatenate([2 * pos[e[both, 1]], np.full(int(read_back[fwd].sum()), self.sink)])
         self.mem = graph.mem[fwd].astype(np.float64)
         self.cost = graph.cost[fwd].astype(np.float64)
+        self.save = graph.save_cost[fwd].astype(np.float64)
         self.pinned = forced_keep(graph)[fwd]
 
     def kept(self, lam: float) -> npt.NDArray[np.int64]:
@@ -81,9 +83,10 @@ class _Network:
             return self.fwd.copy()
         j = np.arange(k, dtype=np.int64)
         recompute = np.where(self.pinned, 0.0, lam * self.cost)
-        total = float(self.mem.sum() + recompute.sum())
+        keep = self.mem + lam * self.save  # keeping v for the backward: its bytes, its save cost
+        total = float(keep.sum() + recompute.sum())
         scale = _SCALE_TO / total if total > 0 else 1.0
-        mem_cap = np.minimum(np.rint(self.mem * scale), _INF - 1).astype(np.int64)
+        mem_cap = np.minimum(np.rint(keep * scale), _INF - 1).astype(np.int64)
         rec_cap = np.where(self.pinned, _INF, np.rint(recompute * scale)).astype(np.int64)
         src = np.concatenate([2 * j, np.full(k, self.source), self.fixed_src])
         dst = np.concatenate([2 * j + 1, 2 * j, self.fixed_dst])
