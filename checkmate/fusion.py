@@ -23,6 +23,10 @@ The model, per node of the joint graph Inductor gives its partitioner:
   recomputing it inside its consumer's loop costs its reads from memory (none, inside a
   chain of generated ops: the chain reads its inputs once) plus ``FUSED_FLOOR`` of the write
   of its result, so that no recomputation is free. Views cost 0.
+- keeping a generated op's value for the backward: when the forward would not write it
+  (no library kernel or output reads it), writing it there and reading it back in the
+  backward (:func:`save_cost`), charged by the solvers where the plan hands it over; not
+  charged by default (measured on CPU, see :func:`save_cost`).
 
 Before the floor, a fused op was charged at least the whole write of its result, so a chain
 of k fused ops recomputed was charged k writes where its kernel makes none: on CPU the plans
@@ -46,10 +50,25 @@ from checkmate.eager import real_tensors
 from checkmate.flops import _FLOPS, flat_tensors, tensor_span_bytes
 from checkmate.ops import is_mutation, is_random, is_view, through_views, writes_input
 
-__all__ = ["FUSED_FLOOR", "is_library_kernel", "fusible", "fused_costs", "device_speed"]
+__all__ = [
+    "CHARGE_SAVES",
+    "FUSED_FLOOR",
+    "MIN_SHARE",
+    "save_cost",
+    "is_library_kernel",
+    "fusible",
+    "fused_costs",
+    "device_speed",
+]
 
 #: the share of its result's write a fused op's recomputation is charged beyond its reads
 FUSED_FLOOR = 0.05
+#: whether ``compiler="inductor"`` charges :func:`save_cost` (off: see its docstring)
+CHARGE_SAVES = False
+#: no generated op costs less than this share of the graph's costliest op: the exact models
+#: resolve costs within a span of 1e9 only (:mod:`solvers.scaling`), and a fused fill of a
+#: few bytes came to 3.6e-12 s beside a 8.8e-3 s op (GPT-2: CP-SAT refused the graph)
+MIN_SHARE = 1e-7
 
 
 @functools.cache
@@ -124,9 +143,10 @@ def fused_costs(
 
     Returns:
         One cost per node: unchanged for library kernels, memory traffic for generated ops
-        (never more than the eager cost).
+        (never more than the eager cost, never less than ``MIN_SHARE`` of the largest).
     """
     out: list[float] = []
+    floor = MIN_SHARE * max(costs, default=0.0)
     for node, cost in zip(nodes, costs, strict=True):
         if (
             node.op != "call_function"
@@ -136,8 +156,34 @@ def fused_costs(
         ):
             out.append(cost)
         else:
-            out.append(min(cost, _generated_cost(node, bandwidth, launch)))
+            out.append(min(cost, max(floor, _generated_cost(node, bandwidth, launch))))
     return out
+
+
+def save_cost(node: fx.Node, bandwidth: float) -> float:
+    """Seconds a compiled step spends only because the forward hands ``node``'s value to the
+    backward (:attr:`solvers.graph.Node.save_cost`): for a generated op that no library
+    kernel or output reads, Inductor fuses it into its readers and never writes it, unless
+    it is saved; saved, the forward writes it and the backward reads it back (twice its
+    bytes). 0 for every other op: its value is in memory anyway.
+
+    A plan that keeps such a value where its inputs are kept pays this where recomputing it
+    inside the backward's kernel would not: the log-softmax of a GPT-2's logits kept instead
+    of the logits (the matrix product's output) made the compiled forward 4 ms slower and
+    the backward 2 ms, 3% of the step, at the same saved bytes.
+
+    Not charged by default (:data:`CHARGE_SAVES`): on CPU, plans made with it ran slower.
+    Charged, the solvers recompute fused values to avoid it (at the fraction 1.0, a GPT-2's
+    plan recomputed instead of keeping everything), and those plans measured +2 to +5%
+    against plain ``torch.compile`` where the plans made without it measured -0.5 to +1.2%
+    (a GPT-2 and a Llama-like model, 2-core CPU). The bytes model is wrong there the other
+    way: the CPU's generated kernels are mostly bound by their arithmetic, and a store of a
+    4 MiB intermediate hides under it; only the 16 MiB log-softmax did not. A GPU's fused
+    kernels are bound by memory, where this model should hold: to be measured there.
+    """
+    if not fusible(node) or _materialized(node):
+        return 0.0
+    return 2 * _bytes(node) / bandwidth
 
 
 def _timed(fn: Any, dev: torch.device, repeat: int = 7) -> float:

@@ -289,10 +289,22 @@ class Planner:
         # folded into the sum (checkmate.trace.into_addmm). Generated ops are not folded
         # (README, "Compilers": it needs horizontal fusions that break the plan's peak)
         fuse = _fold_nothing_else if compiler == "inductor" else None
+        saving: Callable[[fx.Node], float] | None = None
+        from checkmate import fusion
+
+        if compiler == "inductor" and fusion.CHARGE_SAVES:  # a fused value written only to be saved
+            bandwidth = fusion.device_speed(self.profile, device)[0]
+            saving = lambda node: fusion.save_cost(node, bandwidth)  # noqa: E731
         with stage("scratch", spent):  # at once: in one worker process under a profiler
             prefetch_scratch(joint.graph.nodes, any_layout=any_layout)
         jg = build_graph(
-            joint, num_fwd_outputs, costs, scratch=scratch, fuse=fuse, name=f"graph{len(self.records)}"
+            joint,
+            num_fwd_outputs,
+            costs,
+            scratch=scratch,
+            fuse=fuse,
+            save_costs=saving,
+            name=f"graph{len(self.records)}",
         )
         with stage("scratch", spent):
             flush_scratch()  # the new scratch measurements, for the next process

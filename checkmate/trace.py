@@ -310,6 +310,7 @@ def build_graph(
     *,
     scratch: Callable[[fx.Node], int] | None = None,
     fuse: Callable[[fx.Node], bool] | None = None,
+    save_costs: Callable[[fx.Node], float] | None = None,
     name: str = "",
 ) -> JointGraph:
     """Model the joint graph ``gm`` as a :class:`solvers.Graph`.
@@ -326,6 +327,9 @@ def build_graph(
             their readers (see "Fused ops" in the module docstring), and so is a matrix
             product into the one addition that reads it (:func:`into_addmm`), whatever
             ``fuse`` says of it; None folds nothing.
+        save_costs: seconds the forward spends only to hand a value it computes to the
+            backward (:func:`checkmate.fusion.save_cost`), asked of each forward value's
+            node; None for none (:attr:`solvers.graph.Node.save_cost`).
         name: the graph's name.
 
     Returns:
@@ -504,6 +508,11 @@ def build_graph(
                 "backward": o in backward or o in sunk,
                 "recomputable": not fixed,
                 "op": str(op.target),
+                "save_cost": (
+                    float(save_costs(o))
+                    if save_costs is not None and o.op == "call_function" and not (o in backward or o in sunk)
+                    else 0.0
+                ),
             }
         )
     # an op's scratch space (e.g. CPU convolutions) is a node computed right before it,

@@ -47,3 +47,64 @@ def test_a_fused_chain_reads_its_input_once_and_writes_only_what_a_library_kerne
     # recomputing the chain costs about one read and one write, not a write per op
     assert got["sin"] + got["cos"] + got["exp"] < 2.2 * write + LAUNCH
     assert min(got.values()) > 0  # no recomputation is free
+
+
+def test_no_generated_op_costs_less_than_a_share_of_the_largest() -> None:
+    from checkmate.fusion import MIN_SHARE
+
+    gm = make_fx(_chain, tracing_mode="fake")(torch.randn(N, N), torch.randn(N, N))
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    costs = fused_costs(nodes, [1e6] * len(nodes), BANDWIDTH, LAUNCH)  # library kernels of 11 days
+    assert min(costs) == pytest.approx(MIN_SHARE * 1e6)  # the exact models' cost span holds
+
+
+def test_handing_over_a_fused_value_costs_its_write_and_its_read_back() -> None:
+    from checkmate.fusion import save_cost
+
+    gm = make_fx(_chain, tracing_mode="fake")(torch.randn(N, N), torch.randn(N, N))
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    got = [save_cost(n, BANDWIDTH) for n in nodes]  # mm, sin, cos, exp, mm
+    write = BYTES / BANDWIDTH
+    # sin and cos are fused into exp's kernel: saved, they are written and read back
+    assert got[1] == pytest.approx(2 * write) and got[2] == pytest.approx(2 * write)
+    # the matrix products' results and exp (a matrix product reads it) are in memory anyway
+    assert got[0] == got[3] == got[4] == 0.0
+
+
+@pytest.mark.parametrize("charge", [False, True])
+def test_the_inductor_graph_carries_save_costs_only_when_charged(
+    monkeypatch: pytest.MonkeyPatch, charge: bool
+) -> None:
+    import warnings
+
+    import checkmate
+    from checkmate import fusion
+
+    monkeypatch.setattr(fusion, "CHARGE_SAVES", charge)
+    torch.manual_seed(0)
+    gelu = lambda: torch.nn.GELU(approximate="tanh")  # noqa: E731
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 256), gelu(), torch.nn.Linear(256, 256), gelu(), torch.nn.Linear(256, 8)
+    )
+    x = torch.randn(256, 64)
+    ref = [p.grad for p in _backward(model, x)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # check_peak=False warns that the compiled peak goes unchecked
+        opt = checkmate.optimize(
+            model, 0.8, compiler="inductor", profile="cpu", time_limit=5, check_peak=False
+        )
+        got = [p.grad for p in _backward(opt, x)]
+    for a, b in zip(got, ref, strict=True):
+        assert a is not None and b is not None
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    (rec,) = checkmate.plans_of(opt)
+    g = rec.joint.graph
+    assert not g.save_cost[g.backward_mask].any()  # only forward values are handed over
+    assert bool(g.save_cost.any()) == charge  # GELU's inner pointwise ops, fused into one kernel
+    assert rec.recomputes > 0  # the budget made it plan
+
+
+def _backward(model: torch.nn.Module, x: torch.Tensor) -> list[torch.nn.Parameter]:
+    model.zero_grad(set_to_none=True)
+    model(x).pow(2).mean().backward()
+    return list(model.parameters())
