@@ -165,17 +165,27 @@ def _bracketed(rounds: list[Round], budget: int) -> bool:
 
 def _next_target(rounds: list[Round], budget: int) -> int:
     """The simulated target to plan at next, aiming the measured peak at ``AIM * budget``:
-    interpolated between the closest plans measured under and over the budget when there
-    are both, else the last plan's target scaled by its measured-to-simulated ratio."""
+    when there are plans measured under and over the budget, interpolated between the
+    fullest plan under it and the plan over it nearest above in target (the halfway target
+    when that one was tried already); else the last plan's target scaled by its
+    measured-to-simulated ratio.
+
+    Measured peaks need not grow with the target (another strategy may win at a nearby
+    target): on GPT-2 at 73 MiB a plan solved below one measured 76.9 MiB measured 81.0 MiB,
+    and interpolating again towards the 76.9 MiB plan gave back the target just tried."""
     goal = AIM * budget
     under = [r for r in rounds if r.measured is not None and r.measured <= budget]
     over = [r for r in rounds if r.measured is not None and r.measured > budget]
     if under and over:
         lo = max(under, key=lambda r: r.measured or 0)
-        hi = min(over, key=lambda r: r.measured or 0)
+        above = [r for r in over if r.target > lo.target]
+        hi = min(above, key=lambda r: r.target) if above else min(over, key=lambda r: r.measured or 0)
         if hi.measured != lo.measured and hi.target != lo.target:
             share = (goal - (lo.measured or 0)) / ((hi.measured or 0) - (lo.measured or 0))
-            return int(lo.target + share * (hi.target - lo.target))
+            new = int(lo.target + share * (hi.target - lo.target))
+            if any(r.target == new for r in rounds):
+                new = (lo.target + hi.target) // 2
+            return new
     last = rounds[-1]
     return int(goal * max(last.simulated, 1) / max(last.measured or 1, 1))
 

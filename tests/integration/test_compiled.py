@@ -104,6 +104,27 @@ def test_between_a_plan_over_and_one_under_the_budget_one_more_plan_is_measured(
     assert plan == check.rounds[-1].target
 
 
+def _uneven(p: int) -> int:
+    """Measured peaks that do not grow with the target: the plan solved at 1.56M holds more
+    than the one at 1.65M (another strategy won there)."""
+    share = 0.6 if p <= BUDGET else 0.68 if p < 1_500_000 else 0.704 if p < 1_600_000 else 0.636
+    return int(share * p)
+
+
+def test_a_plan_over_the_budget_below_another_narrows_the_interpolation() -> None:
+    # 1M measures 0.6M; the ratio step 1.65M measures 1.05M; the interpolation 1.56M measures
+    # 1.10M, more than the plan above it. Interpolating again between 1M and 1.65M would
+    # give 1.56M back; between 1M and 1.56M it gives 1.44M, which measures 0.98M
+    plan, check = calibrate(
+        BUDGET, BUDGET, simulated=lambda p: p, cost=lambda p: 1e12 / p, measure=_uneven,
+        replan=lambda t: t, ceiling=CEILING, start=BUDGET,
+    )  # fmt: skip
+    assert [r.measured or 0 for r in check.rounds][:3] == [600_000, 1_049_400, 1_101_115]
+    assert len(check.rounds) == ROUNDS + BRACKETED + 1
+    assert check.fits and (check.measured or 0) >= USE * BUDGET, check
+    assert BUDGET < plan < check.rounds[2].target
+
+
 def test_without_a_plan_over_the_budget_the_rounds_stop_at_rounds() -> None:
     # every plan measures at most 0.9M: none goes over, there is nothing to interpolate in
     _, check = calibrate(
