@@ -213,7 +213,11 @@ def markdown(rows: list[Row], cfg: Config, info: RunInfo) -> str:
 
 
 def plot(rows: list[Row], path: Path) -> None:
-    """Step time against measured peak, one panel per model, one series per method."""
+    """Step-time overhead against measured peak, one panel per model, one series per method.
+
+    The overhead is each row's median ratio to plain ``torch.compile`` in alternating pairs,
+    not its raw median: raw medians taken minutes apart drift with the machine's load (on the
+    2-core CPU by up to 10% over a run), more than the differences plotted."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -227,11 +231,12 @@ def plot(rows: list[Row], path: Path) -> None:
         "checkmate": ("tab:blue", "D", "checkmate (Inductor)"),
     }
     for ax, model in zip(axes[0], models, strict=True):
-        mrows = [r for r in rows if r.model == model and r.status == "ok" and r.peak and r.step_s]
-        ref_s = next((r.ref_s for r in mrows if r.ref_s), None)
+        mrows = [
+            r for r in rows if r.model == model and r.status == "ok" and r.peak and r.overhead is not None
+        ]
         for method, (color, marker, label) in styles.items():
             pts = sorted(
-                (r.peak / 2**20, 1e3 * (r.step_s or 0), r.knob if method == "pt-budget" else r.target)
+                (r.peak / 2**20, 100 * (r.overhead or 0.0), r.knob if method == "pt-budget" else r.target)
                 for r in mrows
                 if r.method == method
             )
@@ -242,8 +247,7 @@ def plot(rows: list[Row], path: Path) -> None:
             if method != "compile":
                 for x, y, name in pts:
                     ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        if ref_s:
-            ax.axhline(1e3 * ref_s, color="k", linewidth=0.8, linestyle=":", label="reference step")
+        ax.axhline(0.0, color="k", linewidth=0.8, linestyle=":", label="plain torch.compile (the reference)")
         failed = [r for r in rows if r.model == model and r.method == "checkmate" and r.status != "ok"]
         for r in failed:
             if r.budget:
@@ -252,10 +256,10 @@ def plot(rows: list[Row], path: Path) -> None:
             ax.plot([], [], color="tab:blue", linestyle=":", label="checkmate: no run at this budget")
         ax.set_title(model)
         ax.set_xlabel("measured peak (MiB)")
-        ax.set_ylabel("step time (ms, median)")
+        ax.set_ylabel("step time over plain torch.compile (%, paired median)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("Step time against measured peak memory (lower left is better)", fontsize=10)
+    fig.suptitle("Step-time overhead against measured peak memory (lower left is better)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
