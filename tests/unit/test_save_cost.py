@@ -5,13 +5,15 @@ so that a plan recomputes a value whose handing over costs more than its recompu
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from solvers import Graph, GraphError, keep_all_peak, memory_lower_bound, simulate, validate
+from solvers import Graph, GraphError, Node, keep_all_peak, memory_lower_bound, simulate, validate
 from solvers.formulation import encode, formulate
 from solvers.io import graph_from_dict, graph_to_dict
 from solvers.plan import cost_fingerprint
@@ -24,22 +26,15 @@ from tests.unit.test_properties import training_graphs
 LIMIT = 20.0
 
 
+def with_saves(g: Graph, save: Callable[[Node], float]) -> Graph:
+    """``g`` with each node's save cost ``save(node)``."""
+    return Graph(tuple(dataclasses.replace(nd, save_cost=save(nd)) for nd in g.nodes), g.edges, name=g.name)
+
+
 def chain3(save: float) -> Graph:
     """f0 -> f1 -> f2 -> b2 -> b1 -> b0 (b1 reads f1, b0 reads f0), unit costs and sizes,
     f1 handed to the backward at ``save``."""
-    g = chain(3, training=True)
-    nodes = [
-        {
-            "key": nd.key,
-            "name": nd.name,
-            "cost": nd.cost,
-            "mem": nd.mem,
-            "backward": nd.backward,
-            "save_cost": save if nd.name == "f1" else 0.0,
-        }
-        for nd in g.nodes
-    ]
-    return Graph.build(nodes, [(g.nodes[u].key, g.nodes[v].key) for u, v in g.edges])
+    return with_saves(chain(3, training=True), lambda nd: save if nd.name == "f1" else 0.0)
 
 
 def _ids(g: Graph) -> dict[str, int]:
@@ -117,21 +112,7 @@ def test_plans_are_keyed_by_save_costs_too() -> None:
     training_graphs(max_fwd=8), st.lists(st.floats(0.0, 20.0), min_size=8, max_size=8), st.floats(0.3, 1.0)
 )
 def test_the_milp_and_the_simulator_price_a_plan_alike(g: Graph, saves: list[float], frac: float) -> None:
-    nodes = [
-        {
-            "key": nd.key,
-            "name": nd.name,
-            "cost": nd.cost,
-            "mem": nd.mem,
-            "backward": nd.backward,
-            "recomputable": nd.recomputable,
-            "save_cost": 0.0 if nd.backward else saves[nd.id % len(saves)],
-        }
-        for nd in g.nodes
-    ]
-    g = Graph.build(
-        nodes, [(g.nodes[u].key, g.nodes[v].key) for u, v in g.edges], order=[nd.key for nd in g.nodes]
-    )
+    g = with_saves(g, lambda nd: 0.0 if nd.backward else saves[nd.id % len(saves)])
     low, ref = memory_lower_bound(g), keep_all_peak(g)
     budget = int(low + frac * (ref - low))
     res = get_strategy("peak-greedy")(g, budget, time_limit=5)
