@@ -499,18 +499,19 @@ def build_graph(
             or gid[o] in held
             or o in reads_mutated
         )
+        in_backward = o in backward or o in sunk
         graph_nodes.append(
             {
                 "key": o.name,
                 "name": o.name,
                 "cost": max(float(seconds.get(o, 0.0)), 0.0),
                 "mem": mem[o],
-                "backward": o in backward or o in sunk,
+                "backward": in_backward,
                 "recomputable": not fixed,
                 "op": str(op.target),
                 "save_cost": (
                     float(save_costs(o))
-                    if save_costs is not None and o.op == "call_function" and not (o in backward or o in sunk)
+                    if save_costs is not None and o.op == "call_function" and not in_backward
                     else 0.0
                 ),
             }

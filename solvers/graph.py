@@ -242,19 +242,21 @@ class Graph:
         """Number of nodes."""
         return len(self.nodes)
 
-    @cached_property
-    def cost(self) -> FloatArray:
-        """Per-node compute cost, shape (n,)."""
-        arr = np.array([nd.cost for nd in self.nodes], dtype=np.float64)
+    def _column(self, field: str, dtype: Any) -> npt.NDArray[Any]:
+        """The nodes' ``field`` as a read-only array of ``dtype``, in id order."""
+        arr = np.array([getattr(nd, field) for nd in self.nodes], dtype=dtype)
         arr.setflags(write=False)
         return arr
 
     @cached_property
+    def cost(self) -> FloatArray:
+        """Per-node compute cost, shape (n,)."""
+        return self._column("cost", np.float64)
+
+    @cached_property
     def save_cost(self) -> FloatArray:
         """Per-node save cost (see :class:`Node`), shape (n,)."""
-        arr = np.array([nd.save_cost for nd in self.nodes], dtype=np.float64)
-        arr.setflags(write=False)
-        return arr
+        return self._column("save_cost", np.float64)
 
     @cached_property
     def first_backward(self) -> int:
@@ -266,21 +268,15 @@ class Graph:
     @cached_property
     def mem(self) -> IntArray:
         """Per-node output bytes, shape (n,)."""
-        arr = np.array([nd.mem for nd in self.nodes], dtype=np.int64)
-        arr.setflags(write=False)
-        return arr
+        return self._column("mem", np.int64)
 
     @cached_property
     def backward_mask(self) -> npt.NDArray[np.bool_]:
-        arr = np.array([nd.backward for nd in self.nodes], dtype=bool)
-        arr.setflags(write=False)
-        return arr
+        return self._column("backward", bool)
 
     @cached_property
     def recomputable_mask(self) -> npt.NDArray[np.bool_]:
-        arr = np.array([nd.recomputable for nd in self.nodes], dtype=bool)
-        arr.setflags(write=False)
-        return arr
+        return self._column("recomputable", bool)
 
     @cached_property
     def edge_array(self) -> IntArray:
