@@ -7,6 +7,7 @@ The :class:`~checkmate.runtime.Planner` asks, for each new graph, in this order:
 
 - :func:`family_target`: the budget to plan at (a fraction never gets fewer bytes than a
   larger shape of the family was planned at, so a short last batch always has a plan);
+- keeping every value, when that fits these sizes (a short last batch): no plan recomputes less;
 - :func:`reuse`: the cheapest family plan that fits at these sizes;
 - :func:`plan_ahead`: for a byte budget and a graph larger than the whole family, a plan
   made for shapes about twice as large, so that the next larger shapes reuse it;
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from checkmate.records import PlanRecord
+from checkmate.records import HELD_TO, PlanRecord
 from solvers.budget import Budget
 from solvers.errors import CheckmateError
 from solvers.graph import Graph
@@ -65,13 +66,20 @@ def reuse(
     graph: Graph, ref: int, records: Sequence[PlanRecord], family: Sequence[int], target: int
 ) -> tuple[SolveResult, int] | None:
     """The cheapest plan of ``family`` that, carried over to ``graph``'s sizes, fits
-    ``target`` bytes (simulated), with the index of its record; None when none fits."""
+    ``target`` bytes (simulated), with the index of its record; None when none fits.
+
+    A plan kept by the compiled check (:mod:`checkmate.compiled`) was solved at more
+    simulated bytes than its step holds, since Inductor's step holds less than the plan
+    simulates; carried over, it may simulate up to ``target`` times that same ratio (its
+    result's ``budget``; ``info[HELD_TO]`` keeps ``target``), so that the check of the new
+    sizes starts where the family's ended: one compile, not one per replan."""
     best: tuple[SolveResult, int] | None = None
     for i in family:
         rec = records[i]
         if rec.result.schedule is None:
             continue
-        got = transfer_and_check(rec.joint.graph, rec.result.schedule, graph, target)
+        allowed = int(target * _held_ratio(rec))
+        got = transfer_and_check(rec.joint.graph, rec.result.schedule, graph, allowed)
         if got is None:
             continue
         schedule, sim = got
@@ -82,10 +90,12 @@ def reuse(
             "reference": ref,
             "reused_from": i,
         }
+        if allowed != target:
+            info[HELD_TO] = target
         res = replace(
             rec.result,
             status=Status.FEASIBLE,
-            budget=target,
+            budget=allowed,
             schedule=schedule,
             cost=sim.cost,
             peak=sim.peak,
@@ -96,6 +106,15 @@ def reuse(
         )
         best = (res, i)
     return best
+
+
+def _held_ratio(rec: PlanRecord) -> float:
+    """The simulated bytes ``rec``'s plan was solved at over the bytes its step holds: above
+    1 for a plan the compiled check kept after replanning upwards, else 1."""
+    check, solved = rec.compiled, rec.result.budget
+    if check is None or not check.fits or not solved or check.budget <= 0:
+        return 1.0
+    return max(1.0, solved / check.budget)
 
 
 def plan_ahead(

@@ -11,7 +11,16 @@ from checkmate.trace import JointGraph
 from solvers.budget import format_bytes
 from solvers.result import SolveResult
 
-__all__ = ["PlanRecord"]
+__all__ = ["HELD_TO", "KEEPS_ALL", "PlanRecord"]
+
+#: the ``SolveResult.info`` key of a graph of a family run keeping every value, because that
+#: fits its sizes (a short last batch): not a plan made, and none for the family to reuse
+#: (:mod:`checkmate.families`)
+KEEPS_ALL = "keeps_all"
+#: the ``SolveResult.info`` key of the bytes a plan's step must hold, where the plan was
+#: made at more simulated bytes than that (a family plan carried over at the ratio its
+#: compiled check found, :func:`checkmate.families.reuse`)
+HELD_TO = "held_to"
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,8 @@ class PlanRecord:
         gap = f", gap to bound {res.gap:.1%}" if res.gap is not None and self.reused_from is None else ""
         if self.reused_from is not None:
             gap += f", plan of graph {self.reused_from} reused at these sizes"
+        if res.info.get(KEEPS_ALL):
+            gap += ", keeping every value fits these sizes"
         if res.info.get("planned_ahead"):
             gap += f", planned for shapes up to about {res.info['planned_ahead']:g}x these sizes"
         if self.asked_budget is not None:

@@ -49,7 +49,7 @@ from checkmate.codegen import SplitModules, generate
 from checkmate.compiled import Calibration
 from checkmate.distributed import agree_bytes, ddp_reserve, fsdp_reserve, plan_once
 from checkmate.families import family_target, larger_shape_budget, plan_ahead, reuse
-from checkmate.records import PlanRecord
+from checkmate.records import HELD_TO, KEEPS_ALL, PlanRecord
 from checkmate.scratch import flush_scratch, prefetch_scratch, scratch_bytes
 from checkmate.timers import stage
 from checkmate.trace import JointGraph, build_graph, recompute_dropout_from_mask
@@ -60,6 +60,7 @@ from solvers.graph import Graph
 from solvers.resize import structure
 from solvers.result import SolveResult
 from solvers.schedule import PAGEIN, PAGEOUT, keep_all_peak
+from solvers.strategies.baselines import checkpoint_all
 
 __all__ = ["COMPILERS", "BudgetWarning", "PlanRecord", "Planner"]
 
@@ -127,8 +128,9 @@ class Planner:
 
     @property
     def plans_made(self) -> int:
-        """How many graphs were planned (cache hits included); the others reuse a plan."""
-        return sum(1 for r in self.records if r.reused_from is None)
+        """How many graphs were planned (cache hits included); the others reuse a plan
+        or, at sizes where keeping every value fits the budget, keep every value."""
+        return sum(1 for r in self.records if r.reused_from is None and not r.result.info.get(KEEPS_ALL))
 
     def begin_step(self, signature: object) -> None:
         """Graphs compiled from now on belong to the training step with this input
@@ -210,6 +212,10 @@ class Planner:
         res = first[0]
         assert res.budget is not None
         ref = int(res.info["reference"])
+        held = int(res.info.get(HELD_TO, res.budget))  # a family's plan may be made at more
+        # a family's plan carried over was not made at a target: it stands at its own peak,
+        # so that a plan leaving room at these sizes is replanned to use it
+        start = int(res.peak or res.budget) if "reused_from" in res.info else int(res.budget)
 
         def replan(target: int) -> _Plan | None:
             try:
@@ -228,13 +234,13 @@ class Planner:
         compile_half = functools.partial(_compile_half, static=static)
         plan, check = calibrate(
             first,
-            int(res.budget),
+            held,
             simulated=lambda p: int(p[0].peak),
             cost=lambda p: float(p[0].cost or 0.0),
             measure=lambda p: compiled_peak(p[1], jg.num_fwd_outputs, compile_half, self.inputs),
             replan=replan,
             ceiling=ref,
-            start=int(res.budget),
+            start=start,
         )
         where = f"graph {len(self.records)} ({jg.graph.n - 1} ops)"
         if check.error is not None:
@@ -341,7 +347,7 @@ class Planner:
             )
         )
         self.steps.setdefault(self.step, []).append(index)
-        if reused is None:
+        if reused is None and not res.info.get(KEEPS_ALL):
             self.families.setdefault(structure(jg.graph), []).append(index)
         return modules.forward, modules.backward
 
@@ -363,6 +369,14 @@ class Planner:
         reserve = ddp_reserve() + fsdp_reserve()
         # bytes for the graph alone (a fraction without a family: resolved in _plan)
         target, nbytes = family_target(budget, ref, self.records, family, reserve)
+        if family and nbytes is not None and ref <= nbytes:
+            # keeping every value fits these sizes (a short last batch): no plan recomputes less
+            res = checkpoint_all(graph, nbytes)
+            return (
+                replace(res, info={**res.info, "chosen": res.strategy, "reference": ref, KEEPS_ALL: True}),
+                None,
+                None,
+            )
         if family and nbytes is not None:
             got = reuse(graph, ref, self.records, family, nbytes)
             if got is not None:

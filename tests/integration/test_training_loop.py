@@ -157,3 +157,60 @@ def test_the_family_target_is_the_graphs_own_bytes_net_of_what_ddp_holds_beside_
     # a plan checked compiled was solved at 900 simulated bytes to hold 700 measured: the floor is 700
     checked = [SimpleNamespace(budget=700, result=SimpleNamespace(budget=900))]
     assert family_target(Budget(fraction=0.5), 1000, checked, [0], reserve=200)[1] == 700  # type: ignore[arg-type]
+
+
+def test_a_short_batch_where_keeping_every_value_fits_recomputes_nothing() -> None:
+    """A batch whose graph, keeping every value, fits the bytes its family was planned at
+    runs without recomputation (no family plan recomputes less), is not counted as a plan
+    made and leaves its gradients equal to eager's."""
+    torch.manual_seed(0)
+    model = M.TinyTransformer(64, 64, 2)
+    twin = copy.deepcopy(model)
+    opt = checkmate.optimize(model, 0.5, profile="cpu", time_limit=2)
+    for shape in [(4, 48), (4, 16)]:
+        x = torch.randint(0, 64, shape)
+        opt.zero_grad(set_to_none=True)
+        twin.zero_grad(set_to_none=True)
+        _step(opt, x)
+        _step(twin, x)
+        for p, q in zip(opt.parameters(), twin.parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad)
+    planner = _planner(opt)
+    full, short = planner.records
+    assert full.recomputes > 0, full.summary()
+    assert short.reference_peak <= (full.result.budget or 0), short.summary()  # keep-all fits
+    assert short.recomputes == 0 and short.reused_from is None, short.summary()
+    assert "keeping every value fits" in short.summary()
+    assert planner.plans_made == 1
+
+
+def test_a_plan_the_compiled_check_solved_at_more_bytes_carries_over_at_that_ratio() -> None:
+    # Inductor's step held 0.8x what the kept plan simulates: at new sizes the family's plan
+    # may simulate up to 1.25x the bytes asked, and the check then holds it to those bytes
+    from types import SimpleNamespace
+
+    from checkmate.compiled import Calibration, Round
+    from checkmate.families import reuse
+    from checkmate.records import HELD_TO
+    from solvers.schedule import keep_all_peak
+    from solvers.strategies.baselines import checkpoint_all
+    from tests.graphs import chain
+
+    big, small = chain(8, mem=4, training=True), chain(8, mem=3, training=True)
+    solved = keep_all_peak(big)
+    plan = checkpoint_all(big, solved)
+    held = int(0.8 * solved)
+    check = Calibration(0, (Round(solved, solved, held),), held)
+    checked = SimpleNamespace(result=plan, joint=SimpleNamespace(graph=big), compiled=check, budget=held)
+    target = int(keep_all_peak(small) / 1.1)  # under the plan's simulated peak at these sizes
+    got = reuse(small, keep_all_peak(small), [checked], [0], target)  # type: ignore[list-item]
+    assert got is not None and got[1] == 0
+    assert got[0].info[HELD_TO] == target and got[0].budget == int(target * solved / held)
+    assert got[0].peak is not None and target < got[0].peak <= got[0].budget
+    # a plan not checked compiled (or that did not fit) carries over at the bytes asked only
+    unchecked = SimpleNamespace(result=plan, joint=SimpleNamespace(graph=big), compiled=None, budget=solved)
+    assert reuse(small, keep_all_peak(small), [unchecked], [0], target) is None  # type: ignore[list-item]
+    over = SimpleNamespace(
+        **{**vars(checked), "compiled": Calibration(0, (Round(solved, solved, solved),), held)}
+    )
+    assert reuse(small, keep_all_peak(small), [over], [0], target) is None  # type: ignore[list-item]
