@@ -74,12 +74,15 @@ class Calibration:
         rounds: every plan measured, in order.
         budget: the bytes the compiled step must fit.
         error: why measuring failed (then ``rounds`` holds the unmeasured first plan).
+        no_plan_below: the simulated target at which replanning for less memory found no
+            plan (the graph's least peak was reached), if it did.
     """
 
     chosen: int
     rounds: tuple[Round, ...]
     budget: int
     error: str | None = None
+    no_plan_below: int | None = None
 
     @property
     def measured(self) -> int | None:
@@ -123,6 +126,7 @@ def calibrate(
     rounds: list[Round] = []
     target = start
     plan = first
+    floor: int | None = None
     for k in range(ROUNDS + BRACKETED + 1):
         try:
             got = measure(plan)
@@ -146,6 +150,7 @@ def calibrate(
             break
         nxt = replan(new)
         if nxt is None:
+            floor = new if got > budget else None
             break
         plan, target = nxt, new
         plans.append(plan)
@@ -154,7 +159,7 @@ def calibrate(
         chosen = min(fitting, key=lambda k: (cost(plans[k]), k))
     else:
         chosen = min(range(len(rounds)), key=lambda k: rounds[k].measured or 0)
-    return plans[chosen], Calibration(chosen, tuple(rounds), budget)
+    return plans[chosen], Calibration(chosen, tuple(rounds), budget, no_plan_below=floor)
 
 
 def _bracketed(rounds: list[Round], budget: int) -> bool:

@@ -252,10 +252,17 @@ class Planner:
             )
         elif not check.fits:
             tried = ", ".join(format_bytes(r.measured or 0) for r in check.rounds)
+            if check.no_plan_below is not None:  # replanning for less found no plan
+                what = (
+                    f"no plan simulates under {format_bytes(check.no_plan_below)}: the budget is about the "
+                    f"least this graph runs in. Raise the budget to at least {format_bytes(check.measured or 0)}"
+                )
+            else:
+                what = "Lower the budget"
             warnings.warn(
                 f"{where}: compiled by Inductor, its step measured {format_bytes(check.measured or 0)}, "
                 f"over its budget of {format_bytes(check.budget)} ({(check.measured or 0) / check.budget:.3f}x); "
-                f"plans measured: {tried}. Lower the budget, or use compiler='aot', whose peak follows the plan",
+                f"plans measured: {tried}; {what}, or use compiler='aot', whose peak follows the plan",
                 BudgetWarning,
                 stacklevel=3,
             )

@@ -69,6 +69,9 @@ def test_a_plan_that_measures_more_than_simulated_is_replanned_under_the_budget(
 def test_when_no_plan_fits_the_least_measured_is_kept_and_said_not_to_fit() -> None:
     plan, check = _run(1.05, feasible_from=BUDGET)  # nothing below the first target
     assert not check.fits and plan == BUDGET and len(check.rounds) == 1
+    assert check.no_plan_below is not None and check.no_plan_below < BUDGET  # the least peak reached
+    # one that replanned downwards and fits found plans below: nothing to report
+    assert _run(1.05)[1].no_plan_below is None
 
 
 def test_the_cheapest_fitting_plan_is_kept_and_the_rounds_are_bounded() -> None:
