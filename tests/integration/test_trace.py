@@ -307,3 +307,21 @@ def test_tied_weight_gradient_sum_is_added_in_place_bit_for_bit() -> None:
             assert torch.equal(got, want)
     simulated = simulate(g, sched).peak
     assert abs(measured - simulated) <= 0.05 * simulated, (measured, simulated)
+
+
+def test_the_forward_saves_each_value_once_not_each_view_of_it() -> None:
+    # BatchNorm's statistics reach its backward through unsqueeze views: the backward loads
+    # each value once and recreates the views, as PyTorch's partitioner does
+    torch.manual_seed(0)
+    gm, jg = _joint(M.SmallCNN(4, 2), torch.randn(2, 3, 8, 8))
+    mods = generate(gm, jg, schedule_from_order(jg.graph, range(jg.graph.n)))
+    by_name = {n.name: n for n in gm.graph.nodes}
+    views = [
+        s
+        for s in mods.saved
+        if is_view_node(by_name[s]) and by_name[s].all_input_nodes[0].op != "placeholder"
+    ]
+    assert not views, views
+    groups = [jg.group[s] for s in mods.saved if s in jg.group]
+    assert len(groups) == len(set(groups)), "one saved tensor per stored value"
+    assert any(is_view_node(n) for n in mods.backward.graph.nodes), "views are recreated in the backward"
