@@ -51,6 +51,18 @@ def _step(model: nn.Module, x: torch.Tensor) -> None:
     model(x).float().square().mean().backward()
 
 
+def _steps_as_twin(opt: nn.Module, twin: nn.Module, shapes: list[tuple[int, int]]) -> None:
+    """One step of each on token batches of ``shapes``: the gradients are equal, bit for bit."""
+    for shape in shapes:
+        x = torch.randint(0, 64, shape)
+        opt.zero_grad(set_to_none=True)
+        twin.zero_grad(set_to_none=True)
+        _step(opt, x)
+        _step(twin, x)
+        for p, q in zip(opt.parameters(), twin.parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad)
+
+
 def _planner(model: nn.Module) -> Planner:
     return model.__dict__[_STATE].planner  # type: ignore[no-any-return]
 
@@ -122,14 +134,7 @@ def test_growing_shapes_under_a_byte_budget_plan_ahead() -> None:
     big = torch.randint(0, 64, (4, lengths[-1]))
     budget = _byte_budget(twin, big)
     opt = checkmate.optimize(model, budget, profile="cpu", time_limit=2)
-    for t in lengths:
-        x = torch.randint(0, 64, (4, t))
-        opt.zero_grad(set_to_none=True)
-        twin.zero_grad(set_to_none=True)
-        _step(opt, x)
-        _step(twin, x)
-        for p, q in zip(opt.parameters(), twin.parameters(), strict=True):
-            assert p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad)
+    _steps_as_twin(opt, twin, [(4, t) for t in lengths])
     planner = _planner(opt)
     print(f"\n{len(lengths)} ascending lengths at {budget:,} B: {planner.plans_made} plans made")
     for r in planner.records:
@@ -167,14 +172,7 @@ def test_a_short_batch_where_keeping_every_value_fits_recomputes_nothing() -> No
     model = M.TinyTransformer(64, 64, 2)
     twin = copy.deepcopy(model)
     opt = checkmate.optimize(model, 0.5, profile="cpu", time_limit=2)
-    for shape in [(4, 48), (4, 16)]:
-        x = torch.randint(0, 64, shape)
-        opt.zero_grad(set_to_none=True)
-        twin.zero_grad(set_to_none=True)
-        _step(opt, x)
-        _step(twin, x)
-        for p, q in zip(opt.parameters(), twin.parameters(), strict=True):
-            assert p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad)
+    _steps_as_twin(opt, twin, [(4, 48), (4, 16)])
     planner = _planner(opt)
     full, short = planner.records
     assert full.recomputes > 0, full.summary()
