@@ -425,6 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS_DIR)
     p.add_argument("--prefix", default="peers_compile")
     p.add_argument("--render", action="store_true", help="re-render .md/.png from the .csv/.json only")
+    p.add_argument(
+        "--charge-saves",
+        action="store_true",
+        help="plan with checkmate.fusion.save_cost charged (off by default: slower on CPU; to be measured on a GPU)",
+    )
     a = p.parse_args(argv)
     from benchmarks import peers_compile_report as report
 
@@ -449,6 +454,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = replace(cfg, time_limit=a.time_limit)
     if a.grad_tol:
         cfg = replace(cfg, grad_tol=a.grad_tol)
+    if a.charge_saves:  # the command line, in the report, says so
+        from checkmate import fusion
+
+        fusion.CHARGE_SAVES = True
     t0 = time.perf_counter()
     rows: list[Row] = []
     log = lambda s: print(s, flush=True)  # noqa: E731
