@@ -280,15 +280,15 @@ class Planner:
         built (the stages ``profile`` and ``scratch``, nested in ``trace``)."""
         recompute_dropout_from_mask(joint)  # dropout replays its mask when recomputed
 
+        from checkmate import fusion
+
         def costs(nodes: Sequence[fx.Node]) -> list[float]:
             from checkmate.profile import profile_costs
 
             with stage("profile", spent):
                 costs = profile_costs(joint, list(nodes), profile=self.profile, device=device)
                 if compiler == "inductor":  # the compiled step's: fused ops move bytes
-                    from checkmate.fusion import device_speed, fused_costs
-
-                    costs = fused_costs(nodes, costs, *device_speed(self.profile, device))
+                    costs = fusion.fused_costs(nodes, costs, *fusion.device_speed(self.profile, device))
                 return costs
 
         # Inductor may run a convolution on channels-last inputs (checkmate.scratch)
@@ -303,8 +303,6 @@ class Planner:
         # (README, "Compilers": it needs horizontal fusions that break the plan's peak)
         fuse = _fold_nothing_else if compiler == "inductor" else None
         saving: Callable[[fx.Node], float] | None = None
-        from checkmate import fusion
-
         if compiler == "inductor" and fusion.CHARGE_SAVES:  # a fused value written only to be saved
             bandwidth = fusion.device_speed(self.profile, device)[0]
             saving = lambda node: fusion.save_cost(node, bandwidth)  # noqa: E731

@@ -99,21 +99,11 @@ class Graph:
                     f"node at position {i} has id {node.id}: ids must be 0..n-1 in "
                     "topological order; use Graph.build() to sort arbitrary ids"
                 )
-            if (
-                not isinstance(node.cost, (int, float, np.integer, np.floating))
-                or not 0 <= node.cost < math.inf
-            ):
-                raise GraphError(
-                    f"node {node.ext!r} ({node.name!r}) has cost {node.cost!r}: costs must be finite numbers >= 0"
-                )
-            if (
-                not isinstance(node.save_cost, (int, float, np.integer, np.floating))
-                or not 0 <= node.save_cost < math.inf
-            ):
-                raise GraphError(
-                    f"node {node.ext!r} ({node.name!r}) has save cost {node.save_cost!r}: save costs "
-                    "must be finite numbers >= 0"
-                )
+            for what, value in (("cost", node.cost), ("save cost", node.save_cost)):
+                if not isinstance(value, (int, float, np.integer, np.floating)) or not 0 <= value < math.inf:
+                    raise GraphError(
+                        f"node {node.ext!r} ({node.name!r}) has {what} {value!r}: {what}s must be finite numbers >= 0"
+                    )
             if node.save_cost and node.backward:
                 raise GraphError(
                     f"node {node.ext!r} ({node.name!r}) is a backward node with a save cost: only "
