@@ -32,6 +32,8 @@ def backward_only(
     backward: set[fx.Node],
     pinned: set[fx.Node],
     mem: dict[fx.Node, int],
+    *,
+    late_masks: bool = False,
 ) -> set[fx.Node]:
     """Ops that do not depend on a tangent but that only the backward reads (e.g. GELU's
     derivative terms AOTAutograd writes with the forward values: ``3 * 0.044715 * x ** 2``).
@@ -45,6 +47,16 @@ def backward_only(
     Inductor's C++ code stored the mask at a tenth of the speed of ReLU alone, and a
     ResNet's step took 2.1x torch.compile's). Never outputs, random ops, mutations or one
     output of a multi-output op (``pinned``).
+
+    With ``late_masks`` (Inductor's C++ code, on CPU), a boolean value moves whatever its
+    inputs' bytes: Inductor's vectorized C++ stores a bool at about 11 ns an element (torch
+    2.13, AVX2 and AVX-512 alike; 1.4 ms for the 131 thousand of a ResNet's last ReLU mask,
+    where storing the float ReLU took 0.08 ms) and reads it back slowly too. A ResNet's last
+    ReLU feeds only the average pool, so nothing else holds its output into the backward:
+    its mask was computed in the forward and held, and the step ran 1.018x PyTorch's at
+    ``activation_memory_budget=0.8``; computed in the backward, 0.991x (30 pairs). The
+    backward then reads the ReLU's output (or the plan recomputes it): up to four times the
+    mask's bytes, which the solver weighs like any other value.
     """
     readers: dict[fx.Node, list[fx.Node]] = {o: [] for o in owners}
     for o, ins in inputs.items():
@@ -59,11 +71,16 @@ def backward_only(
     for o in reversed(owners):  # readers before the values they read
         if o in backward or o in pinned or o.op != "call_function" or not readers[o]:
             continue
-        if all(r in backward or r in sunk for r in readers[o]) and all(
-            mem[o] >= mem[b] or crosses(b, o) for b in inputs[o]
+        if all(r in backward or r in sunk for r in readers[o]) and (
+            (late_masks and _is_bool(o)) or all(mem[o] >= mem[b] or crosses(b, o) for b in inputs[o])
         ):
             sunk.add(o)
     return sunk
+
+
+def _is_bool(node: fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dtype == torch.bool
 
 
 def deferrable(

@@ -315,6 +315,8 @@ class Planner:
             scratch=scratch,
             fuse=fuse,
             save_costs=saving,
+            # Inductor's C++ code stores bools slowly: masks are computed in the backward
+            late_masks=compiler == "inductor" and device.type == "cpu",
             name=f"graph{len(self.records)}",
         )
         with stage("scratch", spent):

@@ -311,6 +311,7 @@ def build_graph(
     scratch: Callable[[fx.Node], int] | None = None,
     fuse: Callable[[fx.Node], bool] | None = None,
     save_costs: Callable[[fx.Node], float] | None = None,
+    late_masks: bool = False,
     name: str = "",
 ) -> JointGraph:
     """Model the joint graph ``gm`` as a :class:`solvers.Graph`.
@@ -330,6 +331,9 @@ def build_graph(
         save_costs: seconds the forward spends only to hand a value it computes to the
             backward (:func:`checkmate.fusion.save_cost`), asked of each forward value's
             node; None for none (:attr:`solvers.graph.Node.save_cost`).
+        late_masks: a boolean value (a mask) only the backward reads is computed in the
+            backward, not held from the forward, whatever its inputs' bytes: for Inductor's
+            C++ code, which stores bools slowly (:func:`checkmate.placement.backward_only`).
         name: the graph's name.
 
     Returns:
@@ -467,7 +471,9 @@ def build_graph(
     mem = {
         o: 0 if writes_input(call_of.get(o, o).target) else _tensor_bytes(o.meta.get("val")) for o in owners
     }
-    sunk = backward_only(owners, inputs, backward, once | held_owners | set(call_of), mem)
+    sunk = backward_only(
+        owners, inputs, backward, once | held_owners | set(call_of), mem, late_masks=late_masks
+    )
     late = sunk | deferrable(owners, inputs, backward, once | set(call_of), mem)
 
     ordered = [o for o in owners if o not in backward and o not in sunk] + lazy_order(
