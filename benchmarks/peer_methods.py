@@ -200,7 +200,7 @@ def prepare_checkmate(
                 )
             notes.append(
                 f"plan: {res.info.get('chosen', res.strategy)}, simulated peak {(res.peak or 0) / 2**20:.2f} MiB, "
-                f"{rec.recomputes} recomputes, +{cost:.0%} planned compute{check}"
+                f"{rec.recomputes} recomputes, {round(cost, 2) + 0.0:+.0%} planned compute{check}"
             )
         return functools.partial(opt, *args)
 
