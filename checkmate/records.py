@@ -118,8 +118,13 @@ class PlanRecord:
         res = self.result
         g = self.joint.graph
         chosen = res.info.get("chosen", res.strategy)
-        overhead = (res.cost or 0.0) / g.total_cost - 1.0 if g.total_cost else 0.0
-        gap = f", gap to bound {res.gap:.1%}" if res.gap is not None and self.reused_from is None else ""
+        # rounded before formatting: a float error of -1e-12 printed "+-0.0%"
+        overhead = round((res.cost or 0.0) / g.total_cost - 1.0, 3) + 0.0 if g.total_cost else 0.0
+        gap = (
+            f", gap to bound {round(res.gap, 3) + 0.0:.1%}"
+            if res.gap is not None and self.reused_from is None
+            else ""
+        )
         if self.reused_from is not None:
             gap += f", plan of graph {self.reused_from} reused at these sizes"
         if res.info.get(KEEPS_ALL):
@@ -152,5 +157,5 @@ class PlanRecord:
             f"graph {self.index}: {g.n - 1} ops, budget {format_bytes(budget)} "
             f"({budget / max(self.reference_peak, 1):.0%} of {format_bytes(self.reference_peak)}), "
             f"simulated peak {format_bytes(res.peak or 0)}, {self.recomputes} recomputes, "
-            f"+{overhead:.1%} compute, {chosen} ({res.status}){gap}"
+            f"{overhead:+.1%} compute, {chosen} ({res.status}){gap}"
         )

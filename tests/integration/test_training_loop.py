@@ -179,6 +179,7 @@ def test_a_short_batch_where_keeping_every_value_fits_recomputes_nothing() -> No
     assert short.reference_peak <= (full.result.budget or 0), short.summary()  # keep-all fits
     assert short.recomputes == 0 and short.reused_from is None, short.summary()
     assert "keeping every value fits" in short.summary()
+    assert " +0.0% compute" in short.summary(), short.summary()  # not "+-0.0%"
     assert planner.plans_made == 1
 
 
