@@ -77,7 +77,9 @@ class InfeasibleBudgetError(CheckmateError):
         if self.minimum is not None and self.exact:
             msg += f"; the least budget any schedule needs is {_fmt(self.minimum, reference)}"
         else:
-            if proven and self.lower_bound is not None:
+            # a bound of one byte over the budget says only that the budget was proven
+            # infeasible ("no schedule fits"): printed, it read as the budget itself
+            if proven and self.lower_bound is not None and self.lower_bound > self.budget + 1:
                 msg += f"; every schedule needs at least {_fmt(self.lower_bound, reference)}"
             if self.minimum is not None:
                 msg += f"; the least peak found is {_fmt(self.minimum, reference)}, so that budget has a plan"

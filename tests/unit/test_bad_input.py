@@ -742,3 +742,15 @@ def test_an_infeasible_budget_error_whose_least_peak_fits_names_auto_not_a_large
     assert "strategy='auto'" in fits and "raise the budget" not in fits
     over = str(InfeasibleBudgetError(100, 120, lower_bound=50))
     assert "raise the budget" in over and "strategy='auto'" not in over
+
+
+def test_an_infeasible_budget_error_names_a_bound_only_when_it_says_more_than_the_proof() -> None:
+    """A solver that proves a budget infeasible proves only "one byte more": the message said
+    "no schedule fits 566.40 KiB ... every schedule needs at least 566.40 KiB"."""
+    from solvers.errors import InfeasibleBudgetError
+
+    proof = str(InfeasibleBudgetError(100_000, 120_000, lower_bound=100_001, detail="proven by ilp"))
+    assert proof.startswith("no schedule fits") and "needs at least" not in proof
+    assert "the least peak found is 117.19 KiB" in proof
+    bound = str(InfeasibleBudgetError(100_000, 120_000, lower_bound=110_000))
+    assert bound.startswith("no schedule fits") and "needs at least 107.42 KiB" in bound
