@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from benchmarks.models import Workload
+from solvers.budget import format_change
 
 __all__ = [
     "ROCKMATE_REASON",
@@ -200,7 +201,7 @@ def prepare_checkmate(
                 )
             notes.append(
                 f"plan: {res.info.get('chosen', res.strategy)}, simulated peak {(res.peak or 0) / 2**20:.2f} MiB, "
-                f"{rec.recomputes} recomputes, {round(cost, 2) + 0.0:+.0%} planned compute{check}"
+                f"{rec.recomputes} recomputes, {format_change(cost, 0)} planned compute{check}"
             )
         return functools.partial(opt, *args)
 

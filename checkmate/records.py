@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from checkmate.codegen import SplitModules
 from checkmate.compiled import Calibration
 from checkmate.trace import JointGraph
-from solvers.budget import format_bytes
+from solvers.budget import format_bytes, format_change
 from solvers.result import SolveResult
 
 __all__ = ["HELD_TO", "KEEPS_ALL", "PlanRecord"]
@@ -118,10 +118,9 @@ class PlanRecord:
         res = self.result
         g = self.joint.graph
         chosen = res.info.get("chosen", res.strategy)
-        # rounded before formatting: a float error of -1e-12 printed "+-0.0%"
-        overhead = round((res.cost or 0.0) / g.total_cost - 1.0, 3) + 0.0 if g.total_cost else 0.0
+        overhead = (res.cost or 0.0) / g.total_cost - 1.0 if g.total_cost else 0.0
         gap = (
-            f", gap to bound {round(res.gap, 3) + 0.0:.1%}"
+            f", gap to bound {format_change(res.gap).lstrip('+')}"
             if res.gap is not None and self.reused_from is None
             else ""
         )
@@ -157,5 +156,5 @@ class PlanRecord:
             f"graph {self.index}: {g.n - 1} ops, budget {format_bytes(budget)} "
             f"({budget / max(self.reference_peak, 1):.0%} of {format_bytes(self.reference_peak)}), "
             f"simulated peak {format_bytes(res.peak or 0)}, {self.recomputes} recomputes, "
-            f"{overhead:+.1%} compute, {chosen} ({res.status}){gap}"
+            f"{format_change(overhead)} compute, {chosen} ({res.status}){gap}"
         )

@@ -23,7 +23,7 @@ from typing import TypeAlias
 
 from solvers.errors import BudgetError
 
-__all__ = ["Budget", "BudgetSpec", "parse_budget", "format_bytes"]
+__all__ = ["Budget", "BudgetSpec", "parse_budget", "format_bytes", "format_change"]
 
 _UNITS = {
     "": 1,
@@ -193,3 +193,9 @@ def format_bytes(nbytes: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
         value /= 1024
     return f"{value:.2f} TiB"
+
+
+def format_change(share: float, digits: int = 1) -> str:
+    """A relative change with its sign: ``0.123`` -> ``'+12.3%'``, ``-1e-12`` -> ``'+0.0%'``
+    (rounded first: a float error below the last digit printed ``'+-0.0%'``)."""
+    return f"{round(share, digits + 2) + 0.0:+.{digits}%}"

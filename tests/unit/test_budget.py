@@ -95,3 +95,11 @@ def test_resolve_budget_trusts_the_reference_a_budget_carries() -> None:
     assert resolve_budget(g, 0.5) == (ref // 2, ref)
     # a made-up reference comes back as given: nothing re-simulated it
     assert resolve_budget(g, Budget(fraction=0.5, reference=4 * ref)) == (2 * ref, 4 * ref)
+
+
+def test_a_relative_change_prints_its_sign_once_and_no_negative_zero() -> None:
+    from solvers.budget import format_change
+
+    assert format_change(0.1234) == "+12.3%" and format_change(-0.05) == "-5.0%"
+    assert format_change(-1e-12) == "+0.0%"  # a float error printed "+-0.0%"
+    assert format_change(-0.004, 0) == "+0%" and format_change(0.026, 0) == "+3%"
