@@ -10,7 +10,8 @@ The :class:`~checkmate.runtime.Planner` asks, for each new graph, in this order:
 - keeping every value, when that fits these sizes (a short last batch): no plan recomputes less;
 - :func:`reuse`: the cheapest family plan that fits at these sizes;
 - :func:`plan_ahead`: for a byte budget and a graph larger than the whole family, a plan
-  made for shapes about twice as large, so that the next larger shapes reuse it;
+  made for shapes about twice as large (or less, where that does not fit), so that the next
+  larger shapes reuse it;
 - :func:`larger_shape_budget`: the bytes the same graph got in a larger training step,
   when a fraction is infeasible for it (Dynamo specialized a size of 1 differently).
 """
@@ -21,17 +22,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from checkmate.records import HELD_TO, PlanRecord
+from solvers.bounds import memory_lower_bound
 from solvers.budget import Budget
 from solvers.errors import CheckmateError
 from solvers.graph import Graph
 from solvers.resize import stretch, transfer_and_check
 from solvers.result import SolveResult, Status
 
-__all__ = ["AHEAD", "family_target", "reuse", "plan_ahead", "larger_shape_budget"]
+__all__ = ["AHEAD", "FALLBACK", "family_target", "reuse", "plan_ahead", "larger_shape_budget"]
 
 #: a byte budget's plan for a graph larger than the planned ones of its family is made for
 #: shapes about this many times larger (see :func:`plan_ahead`)
 AHEAD = 2.0
+#: the smaller stretches tried, in order, when no plan fits the budget at ``AHEAD``
+FALLBACK = (1.5, 1.25)
 
 
 def family_target(
@@ -129,25 +133,36 @@ def plan_ahead(
     made by ``solve`` on the graph stretched to about twice its size
     (:func:`solvers.resize.stretch`, extrapolating from the family's largest), when that
     plan fits ``nbytes`` at the real sizes; None otherwise (then the graph is planned at
-    its own sizes)."""
+    its own sizes).
+
+    Where no plan of twice the size fits the budget (a budget set at the largest batch's
+    eager peak holds no larger one), the smaller stretches of :data:`FALLBACK` are tried,
+    each skipped without a solve when its largest single-op working set alone is over the
+    budget: with a 14-length ascending sweep the first length that needed recomputation
+    otherwise planned every length after it (8 plans), since shorter lengths keep every
+    value and are no family plan to stretch from."""
     old = max(family, key=lambda i: records[i].reference_peak)
     if ref <= records[old].reference_peak:
         return None
-    big = stretch(records[old].joint.graph, graph, AHEAD)
-    if big is None:
-        return None
-    try:
-        res = solve(big, Budget(nbytes=nbytes))
-    except CheckmateError:
-        return None
-    if not res.ok or res.schedule is None:
-        return None
-    got = transfer_and_check(big, res.schedule, graph, nbytes)
-    if got is None:
-        return None
-    schedule, sim = got
-    info = {**res.info, "reference": ref, "planned_ahead": AHEAD}
-    return replace(res, schedule=schedule, cost=sim.cost, peak=sim.peak, lower_bound=None, info=info)
+    for factor in (AHEAD, *FALLBACK):
+        big = stretch(records[old].joint.graph, graph, factor)
+        if big is None:
+            return None
+        if memory_lower_bound(big) > nbytes:
+            continue
+        try:
+            res = solve(big, Budget(nbytes=nbytes))
+        except CheckmateError:
+            continue
+        if not res.ok or res.schedule is None:
+            continue
+        got = transfer_and_check(big, res.schedule, graph, nbytes)
+        if got is None:
+            continue
+        schedule, sim = got
+        info = {**res.info, "reference": ref, "planned_ahead": factor}
+        return replace(res, schedule=schedule, cost=sim.cost, peak=sim.peak, lower_bound=None, info=info)
+    return None
 
 
 def larger_shape_budget(

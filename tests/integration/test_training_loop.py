@@ -125,8 +125,10 @@ def test_an_epoch_of_varying_shapes_plans_few_times_and_stays_in_budget(name: st
 
 def test_growing_shapes_under_a_byte_budget_plan_ahead() -> None:
     """Each length longer than every one before (the worst order for reuse): a byte budget's
-    plan for a new largest shape is made for about twice its sizes, so later lengths reuse
-    it instead of planning once per length."""
+    plan for a new largest shape is made for about twice its sizes (less where that does not
+    fit the budget), so later lengths reuse it instead of planning once per length. The
+    shorter lengths keep every value (no family plan): the first that recomputes is where
+    planning ahead starts, and twice it is more than the budget holds."""
     torch.manual_seed(0)
     model = M.TinyTransformer(64, 64, 2)
     lengths = list(range(12, 65, 4))  # 14 lengths, ascending
