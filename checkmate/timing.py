@@ -164,42 +164,48 @@ class _Pool:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.buffers: dict[torch.dtype, torch.Tensor] = {}
+        self.buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
-    def buffer(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        buf = self.buffers.get(dtype)
+    def buffer(self, dtype: torch.dtype, numel: int, device: torch.device | None = None) -> torch.Tensor:
+        dev = device or self.device
+        buf = self.buffers.get((dtype, dev))
         if buf is None or buf.numel() < numel:
             size = max(numel, 2 * buf.numel() if buf is not None else 0)
             if dtype.is_floating_point or dtype.is_complex:
-                buf = torch.rand(size, dtype=dtype, device=self.device).add_(0.5)
+                buf = torch.rand(size, dtype=dtype, device=dev).add_(0.5)
             else:
-                buf = torch.zeros(size, dtype=dtype, device=self.device)
-            self.buffers[dtype] = buf
+                buf = torch.zeros(size, dtype=dtype, device=dev)
+            self.buffers[(dtype, dev)] = buf
         return buf
 
-    def tensor(self, fake: torch.Tensor, own: bool) -> torch.Tensor:
+    def tensor(self, fake: torch.Tensor, own: bool, *, keep_cpu: bool = False) -> torch.Tensor:
+        """A tensor like ``fake`` on the pool's device; ``keep_cpu``: on the CPU where
+        ``fake`` is (see :func:`_measure_node`)."""
+        dev = fake.device if keep_cpu and fake.device.type == "cpu" else self.device
         shape = [int(s) for s in fake.shape]
         stride = [int(s) for s in fake.stride()]
         if fake.numel() == 0:
-            return torch.empty_strided(shape, stride, dtype=fake.dtype, device=self.device)
+            return torch.empty_strided(shape, stride, dtype=fake.dtype, device=dev)
         span = 1 + sum((s - 1) * abs(st) for s, st in zip(shape, stride))
-        view = self.buffer(fake.dtype, span).as_strided(shape, stride, 0)
+        view = self.buffer(fake.dtype, span, dev).as_strided(shape, stride, 0)
         return view.clone() if own else view
 
 
-def _materialize(value: Any, gm: torch.fx.GraphModule, pool: _Pool, own: bool) -> Any:
+def _materialize(value: Any, gm: torch.fx.GraphModule, pool: _Pool, own: bool, keep_cpu: bool = False) -> Any:
     if isinstance(value, torch.fx.Node):
         if value.op == "get_attr":
             obj = _get_attr(gm, str(value.target))
-            return obj.to(pool.device) if isinstance(obj, torch.Tensor) else obj
+            if not isinstance(obj, torch.Tensor) or (keep_cpu and obj.device.type == "cpu"):
+                return obj
+            return obj.to(pool.device)
         val = value.meta.get("val")
         if val is None:
             raise LookupError(f"node {value.name} has no meta['val']")
-        return _materialize(val, gm, pool, own)
+        return _materialize(val, gm, pool, own, keep_cpu)
     if isinstance(value, torch.Tensor):
-        return pool.tensor(value, own)
+        return pool.tensor(value, own, keep_cpu=keep_cpu)
     if isinstance(value, list | tuple):
-        return type(value)(_materialize(v, gm, pool, own) for v in value)
+        return type(value)(_materialize(v, gm, pool, own, keep_cpu) for v in value)
     if isinstance(value, torch.device):
         return pool.device
     if isinstance(value, torch.SymInt):
@@ -353,9 +359,47 @@ def _measure_node(gm: torch.fx.GraphModule, node: torch.fx.Node, pool: _Pool) ->
     target = node.target
     assert callable(target)
     own = is_mutation(target)
-    args = _materialize(tuple(node.args), gm, pool, own)
-    kwargs = {k: _materialize(v, gm, pool, own) for k, v in node.kwargs.items()}
+    # CUDA attention with dropout takes its philox seed and offset as CPU scalars and reads
+    # them on the host; traced, their example values said CUDA (torch 2.11, an H100), and
+    # timed on CUDA copies the attention backward segfaulted: an argument named ``philox_*``
+    # is made on the CPU. More generally, an op whose example inputs mix devices gets them
+    # mixed; a graph wholly on the CPU timed on another device is moved there whole.
+    kinds = {v.device.type for v in _example_tensors((node.args, node.kwargs))}
+    keep_cpu = "cpu" in kinds and len(kinds) > 1
+    schema = getattr(target, "_schema", None)
+    names = [a.name for a in schema.arguments] if schema is not None else []
+    host = _Pool(torch.device("cpu"))
+
+    def make(v: Any, name: str | None) -> Any:
+        if name is not None and name.startswith("philox_"):
+            return _materialize(v, gm, host, own)
+        return _materialize(v, gm, pool, own, keep_cpu)
+
+    args = tuple(make(v, names[i] if i < len(names) else None) for i, v in enumerate(node.args))
+    kwargs = {k: make(v, k) for k, v in node.kwargs.items()}
     return time_callable(lambda: target(*args, **kwargs), pool.device)
+
+
+def _example_tensors(value: Any) -> list[torch.Tensor]:
+    """The example tensors (``meta['val']``) of the nodes in ``value``, nested in lists,
+    tuples and dicts."""
+    out: list[torch.Tensor] = []
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, torch.fx.Node):
+            val = v.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                out.append(val)
+            elif isinstance(val, list | tuple):
+                stack.extend(x for x in val if isinstance(x, torch.Tensor))
+        elif isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, list | tuple):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+    return out
 
 
 def _fallback_estimate(node: torch.fx.Node, dev: torch.device) -> float:

@@ -8,6 +8,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -347,3 +348,69 @@ def test_bandwidth_measured_inside_a_fake_mode_is_the_devices() -> None:
     # a copy of 64 MiB through a CPU's memory: well under 1 TB/s (a fake copy "ran" at ~6 TB/s)
     assert 1e8 < bandwidth < 1e12
     assert launch > 0
+
+
+def _recording_node(vals: list[torch.Tensor], seen: list[tuple[str, ...]]) -> tuple[Any, Any]:
+    """A graph calling one Python function on placeholders with example values ``vals``;
+    the function records its arguments' device types in ``seen``."""
+
+    def op(*args: torch.Tensor) -> torch.Tensor:
+        seen.append(tuple(a.device.type for a in args))
+        return args[0]
+
+    g = torch.fx.Graph()
+    phs = []
+    for k, v in enumerate(vals):
+        ph = g.placeholder(f"x{k}")
+        ph.meta["val"] = v
+        phs.append(ph)
+    node = g.call_function(op, tuple(phs))
+    g.output(node)
+    return torch.fx.GraphModule(torch.nn.Module(), g), node
+
+
+def test_an_op_given_mixed_devices_is_timed_with_its_cpu_scalars_on_the_cpu() -> None:
+    # CUDA attention's dropout takes its philox seed and offset as CPU scalars and reads them
+    # on the host: timed with device copies, its backward segfaulted. 'meta' stands for the
+    # accelerator here: the rule is about device kinds, not CUDA.
+    from checkmate.timing import _measure_node, _Pool
+
+    seen: list[tuple[str, ...]] = []
+    gm, node = _recording_node([torch.empty(8, device="meta"), torch.tensor(3)], seen)
+    _measure_node(gm, node, _Pool(torch.device("meta")))
+    assert seen and set(seen) == {("meta", "cpu")}
+
+    seen.clear()  # a graph wholly on the CPU, timed on another device: moved there whole
+    gm, node = _recording_node([torch.empty(8), torch.tensor(3)], seen)
+    _measure_node(gm, node, _Pool(torch.device("meta")))
+    assert seen and set(seen) == {("meta", "meta")}
+
+
+@torch.library.custom_op("checkmate_test::seeded", mutates_args=())
+def _seeded(x: torch.Tensor, philox_seed: torch.Tensor) -> torch.Tensor:
+    _SEEDED_SEEN.append((x.device.type, philox_seed.device.type))
+    return x.clone()
+
+
+@_seeded.register_fake  # what runs on 'meta' tensors
+def _(x: torch.Tensor, philox_seed: torch.Tensor) -> torch.Tensor:
+    _SEEDED_SEEN.append((x.device.type, philox_seed.device.type))
+    return torch.empty_like(x)
+
+
+_SEEDED_SEEN: list[tuple[str, str]] = []
+
+
+def test_a_philox_argument_is_timed_on_the_cpu_whatever_its_example_says() -> None:
+    # the traced example value of CUDA attention's philox seed says CUDA; the kernel reads
+    # it on the host
+    from checkmate.timing import _measure_node, _Pool
+
+    g = torch.fx.Graph()
+    x, seed = g.placeholder("x"), g.placeholder("seed")
+    x.meta["val"], seed.meta["val"] = torch.empty(8, device="meta"), torch.empty((), device="meta")
+    node = g.call_function(torch.ops.checkmate_test.seeded.default, (x, seed))
+    g.output(node)
+    _SEEDED_SEEN.clear()
+    _measure_node(torch.fx.GraphModule(torch.nn.Module(), g), node, _Pool(torch.device("meta")))
+    assert _SEEDED_SEEN and set(_SEEDED_SEEN) == {("meta", "cpu")}
