@@ -11,7 +11,7 @@ import dataclasses
 import time
 from typing import Any
 
-from solvers.bounds import memory_lower_bound
+from solvers.bounds import largest_working_set, memory_lower_bound
 from solvers.budget import Budget, BudgetSpec, format_bytes, parse_budget
 from solvers.errors import InfeasibleBudgetError, SolverError
 from solvers.graph import Graph
@@ -121,7 +121,7 @@ def no_plan_error(
         f"proven by {res.strategy}" if res.status == Status.INFEASIBLE else f"{res.strategy}: {res.status}"
     )
     if res.budget < floor:
-        detail = "the largest single-op working set is more"
+        detail = f"the largest single-op working set is more: {largest_working_set(graph)}"
     return InfeasibleBudgetError(
         res.budget,
         found.peak,

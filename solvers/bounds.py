@@ -20,17 +20,43 @@ import numpy as np
 from solvers.graph import Graph
 from solvers.result import SolveResult, Status
 
-__all__ = ["memory_lower_bound", "below_floor"]
+__all__ = ["memory_lower_bound", "largest_working_set", "below_floor"]
 
 
 def memory_lower_bound(graph: Graph) -> int:
     """A cheap bound every schedule's peak reaches: the largest working set of one op
     (its output plus all its inputs resident at once); 0 for an empty graph."""
+    return int(_working_sets(graph).max()) if graph.n else 0
+
+
+def _working_sets(graph: Graph) -> np.ndarray:
+    """Per node, the bytes of its output and all its inputs."""
     need = graph.mem.astype(np.int64).copy()
     if graph.edges:
         e = graph.edge_array
         np.add.at(need, e[:, 1], graph.mem[e[:, 0]])
-    return int(need.max()) if graph.n else 0
+    return need
+
+
+def largest_working_set(graph: Graph) -> str:
+    """Which op sets :func:`memory_lower_bound`, for an error message: its name, the bytes
+    of its output and of its inputs, and its largest input (an op's scratch space is an
+    input of its own, ``<op>.workspace``: see :mod:`checkmate.trace`); empty for an empty
+    graph."""
+    if not graph.n:
+        return ""
+    from solvers.budget import format_bytes
+
+    need = _working_sets(graph)
+    v = int(need.argmax())
+    node, preds = graph.nodes[v], graph.preds[v]
+    msg = f"{node.name} needs {format_bytes(int(need[v]))}: {format_bytes(int(node.mem))} output"
+    if not preds:
+        return msg
+    msg += f" + {format_bytes(int(need[v]) - int(node.mem))} in {len(preds)} input{'' if len(preds) == 1 else 's'}"
+    big = graph.nodes[max(preds, key=lambda u: int(graph.mem[u]))]
+    kind = "its scratch space" if big.op == "workspace" else "the largest"
+    return msg + f", {kind} {big.name} {format_bytes(int(big.mem))}"
 
 
 def below_floor(

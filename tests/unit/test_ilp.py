@@ -157,7 +157,10 @@ def test_infeasible_budget_states_its_bound_and_a_budget_that_plans(diamond: Gra
     assert res.ok and res.peak == 9
     # below the cheap bound nothing else ran: the least-peak search gets the time, and its
     # MILP phase proves 8 infeasible too, so 9 is the least budget, exactly
-    with pytest.raises(InfeasibleBudgetError, match="largest single-op working set") as info:
+    # the message names the op that sets the bound: c holds its 3 B and a's 4 B
+    with pytest.raises(
+        InfeasibleBudgetError, match=r"working set is more: c needs 7 B: 3 B output \+ 4 B in 1 input, the largest a 4 B\)"
+    ) as info:
         solve(diamond, 6, "ilp", time_limit=LIMIT)
     assert info.value.lower_bound == 9 and info.value.minimum == 9 and info.value.exact
     assert "the least budget any schedule needs is" in str(info.value)

@@ -58,3 +58,22 @@ def test_a_lower_seed_is_kept() -> None:
     keep_all = get_strategy("checkpoint-all")(g, keep_all_peak(g)).schedule
     assert keep_all is not None
     assert least_peak(g, time_limit=0.0, exact=False, seeds=[keep_all]).peak == found.peak
+
+
+def test_the_largest_working_set_is_named_with_its_parts() -> None:
+    from solvers.bounds import largest_working_set
+
+    # a convolution's scratch is a node of its own (checkmate.trace: '<op>.workspace')
+    nodes = [
+        {"key": "x", "cost": 1, "mem": 100},
+        {"key": "w", "cost": 1, "mem": 20},
+        {"key": "conv.workspace", "cost": 0, "mem": 500, "op": "workspace"},
+        {"key": "conv", "cost": 1, "mem": 100},
+    ]
+    edges = [("x", "conv.workspace"), ("w", "conv.workspace"), ("conv.workspace", "conv"), ("x", "conv")]
+    g = Graph.build(nodes, edges)
+    assert memory_lower_bound(g) == 700
+    assert largest_working_set(g) == (
+        "conv needs 700 B: 100 B output + 600 B in 2 inputs, its scratch space conv.workspace 500 B"
+    )
+    assert largest_working_set(Graph.build([], [])) == ""
