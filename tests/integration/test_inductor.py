@@ -137,3 +137,52 @@ def test_inductor_asks_the_plans_fusion_rule_in_the_forward_and_the_backward(
     assert len(asked) >= 2, (
         f"the rule was asked by {len(asked)} compile(s), not the forward's and the backward's"
     )
+
+
+class _WideVocabLM(torch.nn.Module):
+    """A cross-entropy over a 4096-word vocabulary: the graph model holds its log-softmax
+    chain as separate 16 MiB values, which Inductor's fused kernels never allocate."""
+
+    def __init__(self, vocab: int = 4096, d: int = 32) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.l1 = torch.nn.Linear(d, d)
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, x: Any, y: Any) -> Any:
+        h = torch.tanh(self.l1(self.emb(x)))
+        return torch.nn.functional.cross_entropy(self.head(h).flatten(0, 1), y.flatten())
+
+
+def test_a_budget_below_every_simulated_schedule_is_held_when_the_compiled_step_fits() -> None:
+    # no schedule simulates under 48 MiB here, while torch.compile's step holds about 18 MiB:
+    # the compiled check, not the graph model, decides under Inductor
+    torch.manual_seed(0)
+    model = _WideVocabLM()
+    x, y = torch.randint(0, 4096, (8, 128)), torch.randint(0, 4096, (8, 128))
+
+    def grads(m: Any) -> dict[str, Any]:
+        m.zero_grad(set_to_none=True)
+        m(x, y).backward()
+        return {k.removeprefix("_orig_mod."): p.grad.detach().clone() for k, p in m.named_parameters()}
+
+    ref = torch.compile(copy.deepcopy(model), dynamic=False)
+    ref_grads = grads(ref)
+    compiled_peak = measure_peak(lambda: grads(ref), method="allocator")
+    budget = int(1.5 * compiled_peak)
+    opt = checkmate.optimize(copy.deepcopy(model), budget, compiler="inductor", time_limit=20, profile="cpu")
+    _assert_close(grads(opt), ref_grads)
+    (rec,) = checkmate.plans_of(opt)
+    assert rec.result.peak is not None and rec.result.peak > budget  # the model's verdict, overruled
+    assert rec.compiled is not None and rec.compiled.fits and rec.budget == budget
+    peak = measure_peak(lambda: grads(opt), method="allocator")
+    assert peak <= 1.05 * budget, f"measured {peak:,} B over the budget {budget:,} B"
+
+    # below what the compiled step holds at the least simulated peak: the graph model's
+    # error, with what the compiled step measured
+    with pytest.raises(checkmate.InfeasibleBudgetError) as info:
+        low = checkmate.optimize(
+            copy.deepcopy(model), compiled_peak // 2, compiler="inductor", time_limit=20, profile="cpu"
+        )
+        grads(low)
+    assert any("the step measured" in n for n in getattr(info.value, "__notes__", []))

@@ -159,7 +159,8 @@ def test_infeasible_budget_states_its_bound_and_a_budget_that_plans(diamond: Gra
     # MILP phase proves 8 infeasible too, so 9 is the least budget, exactly
     # the message names the op that sets the bound: c holds its 3 B and a's 4 B
     with pytest.raises(
-        InfeasibleBudgetError, match=r"working set is more: c needs 7 B: 3 B output \+ 4 B in 1 input, the largest a 4 B\)"
+        InfeasibleBudgetError,
+        match=r"working set is more: c needs 7 B: 3 B output \+ 4 B in 1 input, the largest a 4 B\)",
     ) as info:
         solve(diamond, 6, "ilp", time_limit=LIMIT)
     assert info.value.lower_bound == 9 and info.value.minimum == 9 and info.value.exact
