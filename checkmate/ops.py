@@ -74,6 +74,17 @@ def is_mutation(target: Any) -> bool:
     return schema is not None and bool(schema.is_mutable)
 
 
+def host_arguments(target: Any) -> frozenset[str]:
+    """Names of the tensor arguments a CUDA kernel of ``target`` reads on the host, which must
+    be CPU tensors when the op is run outside the step (op timing, scratch measurement): the
+    philox seed and offset of attention with dropout (``_scaled_dot_product_*_backward``).
+    Traced, their example values may name the GPU; given GPU tensors, the kernel segfaults."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return frozenset()
+    return frozenset(a.name for a in schema.arguments if a.name.startswith("philox_"))
+
+
 def is_random(target: Any) -> bool:
     """True for ops whose output depends on the RNG state (dropout's ``bernoulli``, ``rand``):
     recomputing them would draw fresh randomness."""

@@ -37,7 +37,7 @@ import torch.fx
 from checkmate.devcache import DeviceTable
 from checkmate.eager import real_tensors
 from checkmate.flops import flat_tensors
-from checkmate.ops import is_mutation, is_view
+from checkmate.ops import host_arguments, is_mutation, is_view
 
 __all__ = [
     "ProfileWarning",
@@ -359,19 +359,20 @@ def _measure_node(gm: torch.fx.GraphModule, node: torch.fx.Node, pool: _Pool) ->
     target = node.target
     assert callable(target)
     own = is_mutation(target)
-    # CUDA attention with dropout takes its philox seed and offset as CPU scalars and reads
-    # them on the host; traced, their example values said CUDA (torch 2.11, an H100), and
-    # timed on CUDA copies the attention backward segfaulted: an argument named ``philox_*``
-    # is made on the CPU. More generally, an op whose example inputs mix devices gets them
-    # mixed; a graph wholly on the CPU timed on another device is moved there whole.
+    # what a CUDA kernel reads on the host is made on the CPU (checkmate.ops.host_arguments:
+    # timed on GPU copies of its philox seed and offset, an attention backward with dropout
+    # segfaulted on an H100, torch 2.11). More generally, an op whose example inputs mix
+    # devices gets them mixed; a graph wholly on the CPU timed on another device is moved
+    # there whole.
     kinds = {v.device.type for v in _example_tensors((node.args, node.kwargs))}
     keep_cpu = "cpu" in kinds and len(kinds) > 1
     schema = getattr(target, "_schema", None)
     names = [a.name for a in schema.arguments] if schema is not None else []
+    on_host = host_arguments(target)
     host = _Pool(torch.device("cpu"))
 
     def make(v: Any, name: str | None) -> Any:
-        if name is not None and name.startswith("philox_"):
+        if name in on_host:
             return _materialize(v, gm, host, own)
         return _materialize(v, gm, pool, own, keep_cpu)
 

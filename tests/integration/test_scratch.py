@@ -122,3 +122,29 @@ def test_a_convolution_planned_for_inductor_counts_the_scratch_of_its_layouts(
     planned = sc.scratch_bytes(node, any_layout=True)
     assert planned >= mixed - 4096, (planned, mixed)
     assert planned >= sc.scratch_bytes(node)
+
+
+def test_philox_arguments_are_made_on_the_cpu_for_scratch_measurement() -> None:
+    # flash attention's backward (not a random op: its scratch is measured) reads its philox
+    # seed and offset on the host; GPU copies would segfault it
+    import torch.utils._pytree as pytree
+
+    from checkmate.scratch import _host_leaves
+
+    op = torch.ops.aten._scaled_dot_product_flash_attention_backward.default
+    t = torch.empty(2)
+    seed, offset = torch.empty((), dtype=torch.int64), torch.empty((), dtype=torch.int64)
+    args = (t, t, t, t, t, t, None, None, 8, 8, 0.1, False, seed, offset)
+    vals = (args, {"scale": 0.5})
+    leaves = pytree.tree_leaves(vals)
+    host = _host_leaves(op, vals)
+    assert {id(leaves[i]) for i in host} == {id(seed), id(offset)} and len(host) == 2
+    assert _host_leaves(torch.ops.aten.mm.default, ((t, t), {})) == frozenset()
+    # passed by name
+    host = _host_leaves(op, (args[:12], {"philox_seed": seed, "philox_offset": offset}))
+    assert {
+        id(pytree.tree_leaves((args[:12], {"philox_seed": seed, "philox_offset": offset}))[i]) for i in host
+    } == {
+        id(seed),
+        id(offset),
+    }
