@@ -48,7 +48,7 @@ import torch.fx as fx
 
 from checkmate.eager import real_tensors
 from checkmate.flops import _FLOPS, flat_tensors, tensor_span_bytes
-from checkmate.ops import is_mutation, is_random, is_view, through_views, writes_input
+from checkmate.ops import is_mutation, is_random_node, is_view, through_views, writes_input
 
 __all__ = [
     "CHARGE_SAVES",
@@ -94,7 +94,7 @@ def fusible(node: fx.Node) -> bool:
     if node.op != "call_function" or node.target is operator.getitem or is_view(node.target):
         return False
     target = node.target
-    if is_library_kernel(target) or is_random(target) or is_mutation(target) or writes_input(target):
+    if is_library_kernel(target) or is_random_node(node) or is_mutation(target) or writes_input(target):
         return False
     return isinstance(node.meta.get("val"), torch.Tensor)
 

@@ -14,7 +14,16 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-__all__ = ["is_view", "is_view_node", "through_views", "writes_input", "is_mutation", "is_random"]
+__all__ = [
+    "is_view",
+    "is_view_node",
+    "through_views",
+    "writes_input",
+    "is_mutation",
+    "is_random",
+    "is_random_node",
+    "host_arguments",
+]
 
 #: ops that return an alias of their input (or take no new storage) whose schema does not say so
 _EXTRA_VIEWS = {
@@ -89,3 +98,29 @@ def is_random(target: Any) -> bool:
     """True for ops whose output depends on the RNG state (dropout's ``bernoulli``, ``rand``):
     recomputing them would draw fresh randomness."""
     return torch.Tag.nondeterministic_seeded in getattr(target, "tags", ())
+
+
+#: the arguments by which an op tagged random draws randomness only when they are not 0
+_DRAW_PROBABILITIES = ("dropout_p", "p")
+
+
+def is_random_node(node: Any) -> bool:
+    """:func:`is_random` for one call: an op that draws only through a dropout probability
+    that is 0 here is deterministic. Every scaled-dot-product attention kernel is tagged
+    random for its dropout, also at ``dropout_p=0.0`` (what transformers' models run
+    without attention dropout, and in eval): taken as random, each layer's attention output
+    was held from the forward to the backward at any budget, and could not be recomputed."""
+    target = getattr(node, "target", None)
+    if not is_random(target):
+        return False
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return True
+    args, kwargs = getattr(node, "args", ()), getattr(node, "kwargs", {})
+    for i, arg in enumerate(schema.arguments):
+        if arg.name in _DRAW_PROBABILITIES and isinstance(arg.type, torch.FloatType):
+            value = (
+                args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name, arg.default_value)
+            )
+            return not (isinstance(value, int | float) and not isinstance(value, bool) and value == 0)
+    return True

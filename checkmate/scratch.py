@@ -39,7 +39,7 @@ import torch.fx as fx
 
 from checkmate.devcache import DeviceTable
 from checkmate.eager import real_tensors
-from checkmate.ops import host_arguments, is_mutation, is_random, is_view
+from checkmate.ops import host_arguments, is_mutation, is_random_node, is_view
 from checkmate.timing import ProfileWarning, device_tag
 
 __all__ = ["SCRATCH", "scratch_bytes", "prefetch_scratch", "flush_scratch"]
@@ -110,7 +110,7 @@ def _signature(node: fx.Node, any_layout: bool = False) -> tuple[str, str, objec
     for the others (no aten op, random or mutating, a view: it allocates nothing). A
     convolution measured over every layout (``any_layout``) has a key of its own."""
     target = node.target
-    if not isinstance(target, torch._ops.OpOverload) or is_mutation(target) or is_random(target):
+    if not isinstance(target, torch._ops.OpOverload) or is_mutation(target) or is_random_node(node):
         return None
     if is_view(target):
         return None

@@ -63,7 +63,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from checkmate.ops import is_mutation, is_random, is_view_node, through_views, writes_input
+from checkmate.ops import is_mutation, is_random_node, is_view_node, through_views, writes_input
 from checkmate.placement import accumulates_into, backward_only, deferrable, lazy_order
 from solvers.errors import TraceError
 from solvers.graph import Graph
@@ -464,9 +464,7 @@ def build_graph(
         o
         for o in owners
         if o not in backward
-        and (
-            is_mutation(call_of.get(o, o).target) or is_random(call_of.get(o, o).target) or o in reads_mutated
-        )
+        and (is_mutation(call_of.get(o, o).target) or is_random_node(call_of.get(o, o)) or o in reads_mutated)
     }
     mem = {
         o: 0 if writes_input(call_of.get(o, o).target) else _tensor_bytes(o.meta.get("val")) for o in owners
@@ -501,7 +499,7 @@ def build_graph(
         fixed = (
             o.op == "placeholder"
             or is_mutation(op.target)
-            or is_random(op.target)
+            or is_random_node(op)
             or gid[o] in held
             or o in reads_mutated
         )

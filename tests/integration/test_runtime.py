@@ -181,3 +181,40 @@ def test_eval_and_no_grad_run_the_original_forward() -> None:
         assert torch.equal(opt(x), eager(x))
     assert plans_of(opt) == []  # nothing was planned: no training step ran
     assert list(opt.state_dict()) == list(eager.state_dict())
+
+
+class _AttentionStack(torch.nn.Module):
+    """Three layers of scaled-dot-product attention (no dropout) between projections."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(32, 96) for _ in range(3))
+        self.out = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(3))
+
+    def forward(self, x: Any) -> Any:
+        for qkv, out in zip(self.qkv, self.out):
+            q, k, v = qkv(x).view(4, 64, 3, 2, 16).permute(2, 0, 3, 1, 4)
+            a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + out(a.transpose(1, 2).reshape(4, 64, 32))
+        return x
+
+
+def test_attention_is_recomputed_at_the_least_peak_with_equal_gradients() -> None:
+    # attention kernels are tagged random (for their dropout); at dropout_p=0 they are not,
+    # and the least-peak plan recomputes them
+    torch.manual_seed(0)
+    eager = _AttentionStack()
+    model = copy.deepcopy(eager)
+    x = torch.randn(4, 64, 32, requires_grad=True)
+    xe = x.detach().clone().requires_grad_(True)
+    opt = checkmate.optimize(model, "min", profile="cpu", time_limit=10)
+    assert torch.equal(_mse(opt(x)), _mse(eager(xe)))
+    _mse(opt(x)).backward()
+    _mse(eager(xe)).backward()
+    (rec,) = plans_of(opt)
+    g, schedule = rec.joint.graph, rec.result.schedule
+    assert schedule is not None
+    attn = [n.id for n in g.nodes if "scaled_dot_product" in n.op and not n.backward]
+    assert attn and any(schedule.computes.count(i) > 1 for i in attn), "no attention recomputed"
+    _assert_same([p.grad for p in model.parameters()], [p.grad for p in eager.parameters()], "gradient")
+    _assert_same([x.grad], [xe.grad], "input gradient")

@@ -351,3 +351,34 @@ def test_the_forward_saves_each_value_once_not_each_view_of_it() -> None:
     groups = [jg.group[s] for s in mods.saved if s in jg.group]
     assert len(groups) == len(set(groups)), "one saved tensor per stored value"
     assert any(is_view_node(n) for n in mods.backward.graph.nodes), "views are recreated in the backward"
+
+
+class _Attention(nn.Module):
+    """One scaled-dot-product attention between two projections (the kernel every
+    transformers model runs by default)."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+        self.qkv = nn.Linear(32, 96)
+        self.out = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).view(4, 16, 3, 2, 16).permute(2, 0, 3, 1, 4)
+        a = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.p, is_causal=True)
+        return self.out(a.transpose(1, 2).reshape(4, 16, 32))
+
+
+@pytest.mark.parametrize("p", [0.0, 0.1])
+def test_attention_without_dropout_may_be_recomputed(p: float) -> None:
+    # its kernels are tagged random for their dropout, also at dropout_p=0.0: taken as random,
+    # every attention output was held from the forward to the backward at any budget
+    torch.manual_seed(0)
+    _, jg = _joint(_Attention(p), torch.randn(4, 16, 32))
+    ops = [(n.op, n.recomputable) for n in jg.graph.nodes if not n.backward]
+    if p == 0.0:
+        attn = [r for op, r in ops if "scaled_dot_product" in op]
+        assert attn and all(attn), ops
+    else:  # on the CPU attention with dropout runs as its math, whose draw stays random
+        draws = [r for op, r in ops if "dropout" in op or "bernoulli" in op or "rand" in op]
+        assert draws and not any(draws), ops
