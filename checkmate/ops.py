@@ -108,7 +108,7 @@ def is_random_node(node: Any) -> bool:
     """:func:`is_random` for one call: an op that draws only through a dropout probability
     that is 0 here is deterministic. Every scaled-dot-product attention kernel is tagged
     random for its dropout, also at ``dropout_p=0.0`` (what transformers' models run
-    without attention dropout, and in eval): taken as random, each layer's attention output
+    without attention dropout): taken as random, each layer's attention output
     was held from the forward to the backward at any budget, and could not be recomputed."""
     target = getattr(node, "target", None)
     if not is_random(target):
