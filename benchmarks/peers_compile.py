@@ -319,9 +319,12 @@ def measure(
     return row
 
 
-def run_model(wl: Workload, cfg: Config, log: Callable[[str], None]) -> list[Row]:
+def run_model(
+    wl: Workload, cfg: Config, log: Callable[[str], None], on_row: Callable[[Row], None] | None = None
+) -> list[Row]:
     """compile, each pt-budget point followed by checkmate at its measured peak (timed against
-    the reference and against that point), then checkmate at 1.0; rows in that order by method."""
+    the reference and against that point), then checkmate at 1.0; rows in that order by method.
+    ``on_row`` sees each row as it is measured."""
     t0 = time.perf_counter()
     ref = reference(wl, cfg)
     log(
@@ -333,6 +336,8 @@ def run_model(wl: Workload, cfg: Config, log: Callable[[str], None]) -> list[Row
     def add(row: Row) -> None:
         rows.append(row)
         log(f"  {row.method:9s} {row.knob:11s} {row.target:9s} " + _brief(row))
+        if on_row is not None:
+            on_row(row)
 
     def planned_at(budget: int | float, label: str, versus: tuple[nn.Module, Step] | None = None) -> Row:
         notes: list[str] = []
@@ -469,10 +474,16 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows: list[Row] = []
     log = lambda s: print(s, flush=True)  # noqa: E731
-    for wl in workloads(cfg):
-        rows.extend(run_model(wl, cfg, log))
+    paths: list[Path] = []
+
+    def save(row: Row) -> None:  # after each row: a run cut off by a time limit keeps what it measured
+        nonlocal paths
+        rows.append(row)
         info = report.RunInfo.now(_command(argv), time.perf_counter() - t0, cfg.device)
-        paths = report.write_all(rows, cfg, a.out, a.prefix, info)  # after each model: partial results
+        paths = list(report.write_all(rows, cfg, a.out, a.prefix, info))
+
+    for wl in workloads(cfg):
+        run_model(wl, cfg, log, on_row=save)
     print(f"wall {time.perf_counter() - t0:.0f} s; wrote " + ", ".join(str(x) for x in paths))
     return 0
 
