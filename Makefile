@@ -7,7 +7,7 @@ TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: install demo test test-solvers lint format bench bench-quick bench-peers bench-peers-full bench-peers-compile bench-second-run bench-overhead bench-budget bench-loop bench-scale bench-ddp bench-big bench-predict clean
+.PHONY: install demo test test-solvers test-gpu lint format bench bench-quick bench-peers bench-peers-full bench-peers-compile bench-second-run bench-overhead bench-budget bench-loop bench-scale bench-ddp bench-big bench-predict clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,11 @@ test: install
 # The torch-free core alone (what `pip install` without torch supports).
 test-solvers: install
 	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
+
+# The CUDA tests alone, printing their measured peaks; they skip without a GPU. A fresh .venv needs a CUDA
+# build of torch: TORCH="torch==2.13.0 --index-url <your CUDA version's index>" (README, Install).
+test-gpu: install
+	$(BIN)/python -m pytest -q -s tests/gpu $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check solvers checkmate tests examples benchmarks
