@@ -382,3 +382,25 @@ def test_attention_without_dropout_may_be_recomputed(p: float) -> None:
     else:  # on the CPU attention with dropout runs as its math, whose draw stays random
         draws = [r for op, r in ops if "dropout" in op or "bernoulli" in op or "rand" in op]
         assert draws and not any(draws), ops
+
+
+def test_a_random_op_is_deterministic_only_where_its_draw_probability_is_zero() -> None:
+    from checkmate.ops import is_random_node
+
+    aten = torch.ops.aten
+    g = fx.Graph()
+    x = g.placeholder("x")
+
+    def call(target: Any, *args: Any, **kwargs: Any) -> bool:
+        return is_random_node(g.call_function(target, (x, *args), kwargs))
+
+    sdpa = aten._scaled_dot_product_flash_attention_for_cpu.default
+    assert not call(sdpa, x, x)  # dropout_p left at its default, 0.0
+    assert not call(sdpa, x, x, 0.0)
+    assert call(sdpa, x, x, 0.1)
+    assert call(sdpa, x, x, dropout_p=0.1)  # passed by name
+    assert not call(aten.native_dropout.default, 0.0, True)
+    assert call(aten.native_dropout.default, 0.5, True)
+    assert call(aten.bernoulli.p, 0.5)
+    assert call(aten.rand_like.default)  # no probability: random
+    assert not call(aten.mul.Tensor, x)  # not tagged random
