@@ -8,7 +8,7 @@ questions of an op; they are answered here once, from the op's schema and tags.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ __all__ = [
     "is_random",
     "is_random_node",
     "host_arguments",
+    "named_arguments",
 ]
 
 #: ops that return an alias of their input (or take no new storage) whose schema does not say so
@@ -83,6 +84,20 @@ def is_mutation(target: Any) -> bool:
     return schema is not None and bool(schema.is_mutable)
 
 
+def named_arguments(
+    target: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> list[tuple[str | None, Any]]:
+    """The arguments of a call of ``target`` with their schema names (None for a positional
+    argument the schema does not name, or for every argument of an op without a schema):
+    positional ones first, then keyword ones as given."""
+    schema = getattr(target, "_schema", None)
+    names = [a.name for a in schema.arguments] if schema is not None else []
+    out: list[tuple[str | None, Any]] = [
+        (names[i] if i < len(names) else None, a) for i, a in enumerate(args)
+    ]
+    return out + list(kwargs.items())
+
+
 def host_arguments(target: Any) -> frozenset[str]:
     """Names of the tensor arguments a CUDA kernel of ``target`` reads on the host, which must
     be CPU tensors when the op is run outside the step (op timing, scratch measurement): the
@@ -116,11 +131,9 @@ def is_random_node(node: Any) -> bool:
     schema = getattr(target, "_schema", None)
     if schema is None:
         return True
-    args, kwargs = getattr(node, "args", ()), getattr(node, "kwargs", {})
-    for i, arg in enumerate(schema.arguments):
+    given = dict(named_arguments(target, getattr(node, "args", ()), getattr(node, "kwargs", {})))
+    for arg in schema.arguments:
         if arg.name in _DRAW_PROBABILITIES and isinstance(arg.type, torch.FloatType):
-            value = (
-                args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name, arg.default_value)
-            )
+            value = given.get(arg.name, arg.default_value)
             return not (isinstance(value, int | float) and not isinstance(value, bool) and value == 0)
     return True

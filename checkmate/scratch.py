@@ -39,7 +39,7 @@ import torch.fx as fx
 
 from checkmate.devcache import DeviceTable
 from checkmate.eager import real_tensors
-from checkmate.ops import host_arguments, is_mutation, is_random_node, is_view
+from checkmate.ops import host_arguments, is_mutation, is_random_node, is_view, named_arguments
 from checkmate.timing import ProfileWarning, device_tag
 
 __all__ = ["SCRATCH", "scratch_bytes", "prefetch_scratch", "flush_scratch"]
@@ -212,13 +212,11 @@ def _host_leaves(target: Any, vals: object) -> frozenset[int]:
     if not on_host or not isinstance(vals, tuple) or len(vals) != 2:
         return frozenset()
     args, kwargs = vals
-    schema = getattr(target, "_schema", None)
-    names = [a.name for a in schema.arguments] if schema is not None else []
-    named = [(names[i] if i < len(names) else None, a) for i, a in enumerate(args)]
-    named += list(kwargs.items())
     out: set[int] = set()
     k = 0
-    for name, a in named:  # leaves in tree_flatten's order: the args, then kwargs as inserted
+    for name, a in named_arguments(
+        target, args, kwargs
+    ):  # leaves in tree_flatten's order: the args, then kwargs as inserted
         n = len(torch.utils._pytree.tree_leaves(a))
         if name in on_host:
             out.update(range(k, k + n))

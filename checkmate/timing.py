@@ -37,7 +37,7 @@ import torch.fx
 from checkmate.devcache import DeviceTable
 from checkmate.eager import real_tensors
 from checkmate.flops import flat_tensors
-from checkmate.ops import host_arguments, is_mutation, is_view
+from checkmate.ops import host_arguments, is_mutation, is_view, named_arguments
 
 __all__ = [
     "ProfileWarning",
@@ -364,43 +364,21 @@ def _measure_node(gm: torch.fx.GraphModule, node: torch.fx.Node, pool: _Pool) ->
     # segfaulted on an H100, torch 2.11). More generally, an op whose example inputs mix
     # devices gets them mixed; a graph wholly on the CPU timed on another device is moved
     # there whole.
-    kinds = {v.device.type for v in _example_tensors((node.args, node.kwargs))}
+    vals = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
+    kinds = {t.device.type for t in flat_tensors(vals)}
     keep_cpu = "cpu" in kinds and len(kinds) > 1
-    schema = getattr(target, "_schema", None)
-    names = [a.name for a in schema.arguments] if schema is not None else []
     on_host = host_arguments(target)
     host = _Pool(torch.device("cpu"))
 
-    def make(v: Any, name: str | None) -> Any:
+    def make(name: str | None, v: Any) -> Any:
         if name in on_host:
             return _materialize(v, gm, host, own)
         return _materialize(v, gm, pool, own, keep_cpu)
 
-    args = tuple(make(v, names[i] if i < len(names) else None) for i, v in enumerate(node.args))
-    kwargs = {k: make(v, k) for k, v in node.kwargs.items()}
+    named = named_arguments(target, node.args, node.kwargs)
+    args = tuple(make(*nv) for nv in named[: len(node.args)])
+    kwargs = {str(k): make(k, v) for k, v in named[len(node.args) :]}
     return time_callable(lambda: target(*args, **kwargs), pool.device)
-
-
-def _example_tensors(value: Any) -> list[torch.Tensor]:
-    """The example tensors (``meta['val']``) of the nodes in ``value``, nested in lists,
-    tuples and dicts."""
-    out: list[torch.Tensor] = []
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, torch.fx.Node):
-            val = v.meta.get("val")
-            if isinstance(val, torch.Tensor):
-                out.append(val)
-            elif isinstance(val, list | tuple):
-                stack.extend(x for x in val if isinstance(x, torch.Tensor))
-        elif isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, list | tuple):
-            stack.extend(v)
-        elif isinstance(v, dict):
-            stack.extend(v.values())
-    return out
 
 
 def _fallback_estimate(node: torch.fx.Node, dev: torch.device) -> float:
