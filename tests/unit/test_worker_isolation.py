@@ -101,6 +101,29 @@ def test_worker_command_is_isolated() -> None:
     subprocess.run(argv, check=True, env=env, timeout=60)
 
 
+def test_worker_finds_what_the_parent_path_holds_but_not_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a solver installed outside site-packages (PYTHONPATH, pip install --target, a module
+    # system) is on the parent's sys.path; -I alone would hide it from the worker
+    from solvers._subprocess import worker_command
+
+    lib, work = tmp_path / "lib", tmp_path / "work"
+    lib.mkdir()
+    work.mkdir()
+    (lib / "probe_on_path.py").write_text("X = 'found'\n")
+    (work / "probe_in_cwd.py").write_text("X = 'imported from the current directory'\n")
+    monkeypatch.chdir(work)
+    monkeypatch.setattr(sys, "path", ["", str(work), str(lib), *sys.path])
+    code = (
+        "import importlib.util as u, probe_on_path; "
+        "print(probe_on_path.X, u.find_spec('probe_in_cwd') is None)"
+    )
+    argv, env = worker_command(code)
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["found", "True"]
+
+
 def test_cpsat_worker_options_match_the_model_and_do_not_load_ortools() -> None:
     """Checking cpsat's options must not import OR-Tools: once loaded here, CP-SAT runs in
     this process instead of its worker (whose reason is the libhighs clash with highspy)."""
