@@ -98,13 +98,25 @@ def named_arguments(
     return out + list(kwargs.items())
 
 
+#: the attention backward kernels that read the philox seed and offset on the host (flash and
+#: memory-efficient attention keep them on the CPU); cuDNN attention reads them on the device
+_HOST_PHILOX_OPS = frozenset(
+    {
+        "aten::_scaled_dot_product_flash_attention_backward",
+        "aten::_scaled_dot_product_efficient_attention_backward",
+        "aten::_efficient_attention_backward",
+    }
+)
+
+
 def host_arguments(target: Any) -> frozenset[str]:
     """Names of the tensor arguments a CUDA kernel of ``target`` reads on the host, which must
     be CPU tensors when the op is run outside the step (op timing, scratch measurement): the
-    philox seed and offset of attention with dropout (``_scaled_dot_product_*_backward``).
-    Traced, their example values may name the GPU; given GPU tensors, the kernel segfaults."""
+    philox seed and offset of flash and memory-efficient attention with dropout. Traced, their
+    example values may name the GPU; given GPU tensors, those kernels segfault. cuDNN
+    attention's backward is the opposite: it refuses CPU ones, so it gets none here."""
     schema = getattr(target, "_schema", None)
-    if schema is None:
+    if schema is None or schema.name not in _HOST_PHILOX_OPS:
         return frozenset()
     return frozenset(a.name for a in schema.arguments if a.name.startswith("philox_"))
 

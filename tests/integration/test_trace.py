@@ -404,3 +404,17 @@ def test_a_random_op_is_deterministic_only_where_its_draw_probability_is_zero() 
     assert call(aten.bernoulli.p, 0.5)
     assert call(aten.rand_like.default)  # no probability: random
     assert not call(aten.mul.Tensor, x)  # not tagged random
+
+
+def test_only_flash_and_efficient_attention_read_their_philox_arguments_on_the_host() -> None:
+    # flash and memory-efficient attention keep the philox seed and offset on the CPU (given GPU
+    # tensors their CUDA backward segfaults); cuDNN attention's backward refuses CPU ones
+    from checkmate.ops import host_arguments
+
+    aten = torch.ops.aten
+    philox = frozenset({"philox_seed", "philox_offset"})
+    assert host_arguments(aten._scaled_dot_product_efficient_attention_backward.default) == philox
+    assert host_arguments(aten._scaled_dot_product_flash_attention_backward.default) == philox
+    assert host_arguments(aten._efficient_attention_backward.default) == philox
+    assert host_arguments(aten._scaled_dot_product_cudnn_attention_backward.default) == frozenset()
+    assert host_arguments(aten.mm.default) == frozenset()
