@@ -385,7 +385,7 @@ def test_attention_without_dropout_may_be_recomputed(p: float) -> None:
 
 
 def test_a_random_op_is_deterministic_only_where_its_draw_probability_is_zero() -> None:
-    from checkmate.ops import is_random_node
+    from checkmate.ops import is_random, is_random_node
 
     aten = torch.ops.aten
     g = fx.Graph()
@@ -404,6 +404,10 @@ def test_a_random_op_is_deterministic_only_where_its_draw_probability_is_zero() 
     assert call(aten.bernoulli.p, 0.5)
     assert call(aten.rand_like.default)  # no probability: random
     assert not call(aten.mul.Tensor, x)  # not tagged random
+    # tagged random, but replays the draw named by the philox seed and offset it is passed
+    assert is_random(aten._scaled_dot_product_efficient_attention_backward.default)
+    assert not call(aten._scaled_dot_product_efficient_attention_backward.default, x, x, x, x, x, True, 0.1)
+    assert not call(aten._scaled_dot_product_cudnn_attention_backward.default, x, x, x, x, x, x, x)
 
 
 def test_only_flash_and_efficient_attention_read_their_philox_arguments_on_the_host() -> None:
