@@ -21,6 +21,12 @@ pytestmark = [
 ]
 
 
+#: the aot path's measured peak over its budget, at most: the allocator rounds each block up to
+#: 512 bytes. On an H100 these tests measured 1.022x and 1.025x (fp32, memory-efficient attention)
+#: and 1.013x (bf16, cuDNN attention) while attention's backward scratch went unmeasured
+AOT_SLACK = 1.01
+
+
 def _gpt2() -> Any:
     pytest.importorskip("transformers")
     from tests.integration import _models as M
@@ -82,7 +88,9 @@ def test_gpt2_on_cuda_fits_the_budget_with_equal_gradients(fraction: float, comp
         f"\nGPU {compiler} {fraction:.0%}: eager {peak:,} B, budget {budget:,} B, measured {measured:,} B, "
         f"simulated {sims}"
     )
-    assert measured <= 1.05 * budget
+    # aot runs the plan's ops as simulated: over the budget only by allocator rounding; Inductor
+    # allocates its own buffers (the check holds it within the 1.05x the tests allow it)
+    assert measured <= (AOT_SLACK if compiler == "aot" else 1.05) * budget
 
 
 @pytest.mark.parametrize("fraction", [0.7, 0.5])
@@ -190,7 +198,7 @@ def test_gpt2_in_bf16_with_dropout_runs_fused_attention_on_cuda(backend: str) ->
     print(
         f"\nGPU bf16 GPT-2 {backend} aot 60%: eager {peak:,} B, budget {budget:,} B, measured {measured:,} B"
     )
-    assert measured <= 1.05 * budget
+    assert measured <= AOT_SLACK * budget
 
 
 @pytest.mark.xfail(
