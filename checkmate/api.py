@@ -60,6 +60,7 @@ class CheckmateState:
         compiled: ``eager`` under torch.compile with the planner.
         eager_keys: input signature -> True when its plans recompute and page nothing.
         warned_unplanned: an :class:`UnplannedWarning` was issued (once per module).
+        settings: the arguments of the :func:`optimize` call (its budget among them).
     """
 
     planner: Planner
@@ -67,6 +68,9 @@ class CheckmateState:
     compiled: Callable[..., Any]
     eager_keys: dict[tuple[Any, ...], bool] = field(default_factory=dict)
     warned_unplanned: bool = False
+    #: the keyword arguments :func:`optimize` was called with (budget included): a copy or an
+    #: unpickled module is optimized again with them
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 def optimize(
@@ -182,14 +186,24 @@ def optimize(
         compiler=compiler,
         check_compiled=check_peak,
     )
-    new = copy.copy(model)
-    new.__dict__.pop(_STATE, None)
+    settings = {
+        "budget": budget,
+        "strategy": strategy,
+        "profile": profile,
+        "time_limit": time_limit,
+        "plan": plan,
+        "options": options,
+        "fullgraph": fullgraph,
+        "compiler": compiler,
+        "check_peak": check_peak,
+    }
+    new = _plain(model, base)
     new.__class__ = _subclass(base)
     # a forward of its own: Dynamo keeps its compiled variants (and counts recompilations)
     # per code object, and every module of a class shares the class's
     eager = _own_function(base.forward).__get__(new)
     compiled = torch.compile(eager, backend=planner.backend(), dynamic=False, fullgraph=fullgraph)
-    new.__dict__[_STATE] = CheckmateState(planner=planner, eager=eager, compiled=compiled)
+    new.__dict__[_STATE] = CheckmateState(planner=planner, eager=eager, compiled=compiled, settings=settings)
     if example_inputs is not None:
         with _untouched(new), torch.enable_grad():
             was = new.training
@@ -216,8 +230,59 @@ def _original(model: nn.Module) -> tuple[nn.Module, type[nn.Module]]:
         model = model._orig_mod
     cls = type(model)
     if _STATE in model.__dict__:
-        cls = next(base for base, sub in _SUBCLASSES.items() if sub is cls)
+        cls = _base_of(cls)
     return model, cls
+
+
+def _plain(module: nn.Module, cls: type[nn.Module]) -> nn.Module:
+    """A shallow copy of ``module`` as an instance of ``cls`` (its original class), without
+    checkmate's state: the same parameters, buffers and submodules."""
+    plain = cls.__new__(cls)
+    plain.__dict__.update(module.__dict__)
+    plain.__dict__.pop(_STATE, None)
+    return plain
+
+
+def _optimized_again(module: nn.Module, settings: dict[str, Any]) -> nn.Module:
+    """``module`` optimized with ``settings``: how a copied or unpickled optimized module is
+    rebuilt (see :func:`_subclass`)."""
+    return optimize(module, **settings)
+
+
+def _copy(self: nn.Module) -> nn.Module:
+    return _optimized_again(_plain(self, _copyable_base(self, "copied")), self.__dict__[_STATE].settings)
+
+
+def _deepcopy(self: nn.Module, memo: dict[int, Any]) -> nn.Module:
+    plain = copy.deepcopy(_plain(self, _copyable_base(self, "deep-copied")), memo)
+    new = _optimized_again(plain, copy.deepcopy(self.__dict__[_STATE].settings, memo))
+    memo[id(self)] = new
+    return new
+
+
+def _reduce_ex(self: nn.Module, protocol: int) -> tuple[Any, ...]:
+    return (_optimized_again, (_plain(self, _copyable_base(self, "pickled")), self.__dict__[_STATE].settings))
+
+
+def _copyable_base(module: nn.Module, how: str) -> type[nn.Module]:
+    """The original class of an optimized ``module`` that can be rebuilt from it; a class
+    made on top of checkmate's (FSDP2's ``fully_shard`` makes one) cannot: CheckmateError."""
+    if type(module) not in _SUBCLASSES.values():
+        raise CheckmateError(
+            f"an optimized module whose class was changed after checkmate.optimize ({type(module).__name__}, "
+            f"e.g. by FSDP's fully_shard) cannot be {how}: save or copy its state_dict, or the model "
+            "before it was optimized and wrapped"
+        )
+    return _base_of(type(module))
+
+
+def _base_of(cls: type) -> type[nn.Module]:
+    """The original class of checkmate's subclass ``cls`` or of a class made on top of it."""
+    for sub in cls.__mro__:
+        for base, made in _SUBCLASSES.items():
+            if made is sub:
+                return base
+    raise CheckmateError(f"{cls.__name__} is not a class checkmate.optimize made")
 
 
 def _own_function(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -391,7 +456,18 @@ def _subclass(cls: type) -> type:
         # torch.compile(optimized) must not trace into the planned step (its backend would
         # compile the model anew, unplanned): Dynamo skips this frame, not those it calls
         fwd = torch._dynamo.disable(_forward, recursive=False)
-        sub = type(cls.__name__, (cls,), {"forward": fwd, "__module__": cls.__module__})
+        # a copy (copy.copy, copy.deepcopy: an EMA model, a frozen reference) and an unpickled
+        # module (torch.save of the whole model) are the original class's module optimized
+        # again with the same budget: the compiled step of the copied one would run the
+        # original's parameters, and the subclass cannot be pickled by name
+        methods = {
+            "forward": fwd,
+            "__module__": cls.__module__,
+            "__copy__": _copy,
+            "__deepcopy__": _deepcopy,
+            "__reduce_ex__": _reduce_ex,
+        }
+        sub = type(cls.__name__, (cls,), methods)
         sub.__qualname__ = cls.__qualname__
         _SUBCLASSES[cls] = sub
     return sub

@@ -258,3 +258,54 @@ def test_the_keep_all_peak_is_simulated_once_per_graph(monkeypatch: pytest.Monke
     opt = checkmate.optimize(OwnMLP(32, 2), 0.8, (torch.randn(64, 32),), profile="cpu", time_limit=2)
     records = plans_of(opt)
     assert len(records) == 1 and sims == [records[0].joint.graph.n]
+
+
+def _grads_of(model: Any, x: Any) -> list[Any]:
+    _zero(model)
+    _step(model, x)
+    return [p.grad for p in model.parameters()]
+
+
+def test_a_deep_copy_is_optimized_on_its_own_parameters() -> None:
+    # an EMA model or a frozen reference is often copy.deepcopy(model): the copy's compiled
+    # step used to run the original's forward, so its gradients went to the original
+    torch.manual_seed(0)
+    model, x = M.MLP(64, 4), torch.randn(512, 64)
+    opt = checkmate.optimize(model, 0.6, time_limit=10)
+    _step(opt, x)
+    twin = copy.deepcopy(opt)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(0.5)  # the copy now differs from the original
+    _zero(opt)
+    got = _grads_of(twin, x)
+    assert all(p.grad is None for p in opt.parameters()), "the copy's step wrote the original's gradients"
+    plain = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in plain.parameters():
+            p.mul_(0.5)
+    want = _grads_of(plain, x)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(got, want))
+    (rec,) = plans_of(twin)
+    assert rec.recomputes > 0 and rec.budget == plans_of(opt)[0].budget
+
+
+def test_a_pickled_optimized_module_loads_optimized_with_its_budget(tmp_path: Any) -> None:
+    # torch.save(model) of the whole module: the dynamic subclass could not be pickled by name;
+    # loaded, it must not train without its budget
+    torch.manual_seed(0)
+    model, x = M.MLP(64, 4), torch.randn(512, 64)
+    opt = checkmate.optimize(model, 0.6, time_limit=10)
+    want = _grads_of(opt, x)
+    torch.save(opt, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert type(loaded) is type(opt)
+    got = _grads_of(loaded, x)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    (rec,) = plans_of(loaded)
+    assert rec.recomputes > 0 and rec.budget == plans_of(opt)[0].budget
+    # a shallow copy shares the parameters, and is optimized too
+    shallow = copy.copy(opt)
+    assert all(a is b for a, b in zip(shallow.parameters(), opt.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(_grads_of(shallow, x), want))
+    assert plans_of(shallow)
