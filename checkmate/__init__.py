@@ -19,7 +19,9 @@ from solvers.errors import (
     PlanError,
     ScheduleError,
     SolverError,
+    SolverWarning,
     TraceError,
+    WorkerError,
 )
 
 __all__ = [
@@ -31,6 +33,8 @@ __all__ = [
     "PlanError",
     "ScheduleError",
     "SolverError",
+    "SolverWarning",
+    "WorkerError",
     "TraceError",
     "UnplannedWarning",
     "__version__",

@@ -22,7 +22,9 @@ from solvers.errors import (
     PlanError,
     ScheduleError,
     SolverError,
+    SolverWarning,
     TraceError,
+    WorkerError,
 )
 from solvers.graph import Graph, Node
 from solvers.io import graph_from_dict, graph_to_dict, load_graph, save_graph
@@ -56,6 +58,8 @@ __all__ = [
     "SimResult",
     "SolveResult",
     "SolverError",
+    "SolverWarning",
+    "WorkerError",
     "Status",
     "TraceError",
     "format_bytes",

@@ -30,7 +30,7 @@ from typing import IO, Any
 import numpy as np
 
 from solvers._subprocess import claim_stdout, worker_command
-from solvers.errors import SolverError
+from solvers.errors import SolverError, WorkerError
 from solvers.highs import (
     FloatArray,
     HighsProblem,
@@ -109,7 +109,7 @@ def _run(
             pickle.dump(payload, proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
             proc.stdin.close()
         except (BrokenPipeError, OSError) as exc:
-            raise SolverError(f"the HiGHS worker process did not start: {_tail(err, proc)}") from exc
+            raise WorkerError(f"the HiGHS worker process did not start: {_tail(err, proc)}") from exc
         while True:
             wait = kill_at - time.perf_counter()
             if wait <= 0:
@@ -136,10 +136,12 @@ def _run(
                 return dataclasses.replace(res, seconds=time.perf_counter() - t0)
             elif kind == "error":
                 _, name, text = msg
+                if name in ("ImportError", "ModuleNotFoundError"):
+                    raise WorkerError(f"the HiGHS worker process could not import its solver: {name}: {text}")
                 raise SolverError(text if name == "SolverError" else f"HiGHS failed: {name}: {text}")
             else:  # the worker's stdout closed without an answer
                 proc.wait(5)
-                raise SolverError(
+                raise WorkerError(
                     f"the HiGHS worker process exited with code {proc.returncode} without an "
                     f"answer: {_tail(err, proc)}"
                 )

@@ -14,6 +14,8 @@ __all__ = [
     "InfeasibleBudgetError",
     "ScheduleError",
     "SolverError",
+    "WorkerError",
+    "SolverWarning",
     "PlanError",
     "TraceError",
     "OptionError",
@@ -116,6 +118,16 @@ class ScheduleError(CheckmateError):
 
 class SolverError(CheckmateError):
     """A solver failed (crashed, returned garbage, or is not installed)."""
+
+
+class WorkerError(SolverError):
+    """A solver's worker process could not do its work: it did not start, died, or could not
+    import its solver. ``auto`` then plans with its other strategies, with a
+    :class:`SolverWarning`: the plan may be worse than the one asked for."""
+
+
+class SolverWarning(UserWarning):
+    """A solver could not run, so the plan was chosen without it."""
 
 
 class PlanError(CheckmateError):

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from typing import Any
 
-from solvers.errors import CheckmateError
+from solvers.errors import CheckmateError, SolverWarning, WorkerError
 from solvers.graph import Graph
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
 from solvers.schedule import Schedule, simulate, validate
@@ -165,6 +166,15 @@ def auto(
             return
         try:
             res = fn(graph, budget, **opts)
+        except WorkerError as exc:  # the environment, not the graph: say so
+            candidates[label] = f"error: {exc}"
+            warnings.warn(
+                f"auto: {label} could not run ({exc}); the plan is chosen from the other strategies and "
+                "may cost more than the one asked for",
+                SolverWarning,
+                stacklevel=2,
+            )
+            return
         except CheckmateError as exc:
             candidates[label] = f"error: {exc}"
             return

@@ -22,7 +22,7 @@ from typing import Any
 
 from solvers import scaling
 from solvers._subprocess import claim_stdout, worker_command
-from solvers.errors import SolverError
+from solvers.errors import SolverError, WorkerError
 from solvers.graph import Graph
 from solvers.result import SolveResult
 from solvers.schedule import Schedule
@@ -70,8 +70,10 @@ def _in_worker(graph: Graph, budget: int, deadline: float | None, options: dict[
         tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or [
             f"exit code {proc.returncode}"
         ]
-        raise SolverError(f"the CP-SAT worker process died while solving {graph.name!r}: {tail[0]}") from None
+        raise WorkerError(f"the CP-SAT worker process died while solving {graph.name!r}: {tail[0]}") from None
     if kind == "error":
+        if str(value).startswith(("ImportError", "ModuleNotFoundError")):
+            raise WorkerError(f"the CP-SAT worker process could not import its solver: {value}")
         raise SolverError(f"CP-SAT failed on {graph.name!r}: {value}")
     assert isinstance(value, SolveResult)
     return value

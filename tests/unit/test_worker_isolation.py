@@ -142,3 +142,26 @@ def test_cpsat_worker_options_match_the_model_and_do_not_load_ortools() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_auto_warns_when_a_solver_worker_dies_and_plans_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a worker that cannot run (a solver its interpreter cannot import, killed for memory)
+    # used to leave auto's plan to the heuristics without a word
+    from solvers import SolverWarning, solve
+    from solvers._subprocess import worker_command
+
+    def dying(code: str) -> tuple[list[str], dict[str, str]]:
+        argv, env = worker_command("import sys; sys.exit(3)")
+        return argv, env
+
+    monkeypatch.setattr(_highs_worker, "worker_command", dying)
+    monkeypatch.setattr(highs, "ISOLATE_MIN_NNZ", 0)  # every MILP in a worker
+    monkeypatch.setattr(highs, "ISOLATE_MIN_NNZ_LP", 0)
+    graph = chain(6, training=True)
+    with pytest.warns(SolverWarning, match="could not run"):
+        res = solve(graph, "50%", strategy="auto", time_limit=10)
+    assert res.ok and res.schedule is not None
+    failed = [k for k, v in res.info["candidates"].items() if str(v).startswith("error: the HiGHS worker")]
+    assert failed, res.info["candidates"]
