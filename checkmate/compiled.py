@@ -37,7 +37,7 @@ from checkmate.codegen import SplitModules
 from checkmate.eager import real_tensors
 from checkmate.memory import MemoryTracker
 
-__all__ = ["Calibration", "Round", "calibrate", "compiled_peak"]
+__all__ = ["Calibration", "ProfilerRunning", "Round", "calibrate", "compiled_peak"]
 
 #: what compiles one half: ``(module, example inputs, is_backward) -> callable(list)``
 CompileHalf = Callable[[fx.GraphModule, list[Any], bool], Callable[[list[Any]], Any]]
@@ -133,7 +133,8 @@ def calibrate(
             got = measure(plan)
         except Exception as exc:  # never lose the plan to a failed measurement
             if not rounds:
-                return first, Calibration(0, (Round(start, simulated(first), None),), budget, repr(exc)[:300])
+                why = str(exc) if isinstance(exc, ProfilerRunning) else repr(exc)[:300]
+                return first, Calibration(0, (Round(start, simulated(first), None),), budget, why)
             break
         rounds.append(Round(target, simulated(plan), got))
         if USE * budget <= got <= budget or k == ROUNDS + BRACKETED:
@@ -196,6 +197,10 @@ def _next_target(rounds: list[Round], budget: int) -> int:
     return int(goal * max(last.simulated, 1) / max(last.measured or 1, 1))
 
 
+class ProfilerRunning(RuntimeError):
+    """The compiled step cannot be measured on the CPU while a profiler runs."""
+
+
 def compiled_peak(
     modules: SplitModules,
     num_fwd_outputs: int,
@@ -221,6 +226,17 @@ def compiled_peak(
     tangent_ph = [n for n in bw_ph if n.name.startswith("tangents")]
     written = _written_inputs(modules.forward)
     devices = {v.device for n in fw_ph + bw_ph if isinstance(v := n.meta.get("val"), torch.Tensor)}
+    if torch._C._autograd._profiler_enabled() and not any(d.type == "cuda" for d in devices):
+        # only the profiler sees the CPU allocator, one profiler at a time; the count left
+        # (storages made through the dispatcher) misses every buffer of Inductor's kernels:
+        # a Llama-like step planned inside torch.profiler measured 3.0 MiB here and then
+        # stepped at 12.8 MiB against a budget of 7.6 MiB
+        raise ProfilerRunning(
+            "a profiler is running (the step that plans was called inside torch.profiler or "
+            "checkmate.memory.measure_peak), and on the CPU only the profiler sees what "
+            "Inductor's kernels allocate; run the first step of each input shape outside the "
+            "profiler, or pass example_inputs to checkmate.optimize"
+        )
     with real_tensors(), torch.no_grad():
         fw_fn = compile_half(fw, [n.meta.get("val") for n in fw_ph], False)
         with torch.random.fork_rng(devices=[d for d in devices if d.type == "cuda"]):

@@ -195,10 +195,13 @@ class Planner:
                     joint, jg, (res, modules, paged), profile_id, quiet=beyond is not None
                 )
             if beyond is not None and not check.fits:
-                beyond.add_note(
-                    f"Compiled by Inductor at the least peak the graph model found, the step measured "
-                    f"{format_bytes(check.measured or 0)}"
-                )
+                if check.error is not None:
+                    beyond.add_note(f"Its compiled step, which may fit, could not be measured: {check.error}")
+                else:
+                    beyond.add_note(
+                        f"Compiled by Inductor at the least peak the graph model found, the step measured "
+                        f"{format_bytes(check.measured or 0)}"
+                    )
                 raise beyond
         return self._record(jg, res, modules, paged, asked, reused, spent, compiler, check)
 

@@ -186,3 +186,27 @@ def test_a_budget_below_every_simulated_schedule_is_held_when_the_compiled_step_
         )
         grads(low)
     assert any("the step measured" in n for n in getattr(info.value, "__notes__", []))
+
+
+def test_a_plan_made_inside_a_profiler_is_not_taken_as_measured() -> None:
+    # on the CPU only the profiler sees Inductor's buffers, and it does not nest: the count left
+    # (storages seen by the dispatcher) read a Llama-like step at 3.0 MiB that then stepped at
+    # 12.8 MiB against 7.6. The plan runs unchecked, and says so
+    model, x = _transformer()
+    opt = checkmate.optimize(copy.deepcopy(model), 0.6, compiler="inductor", time_limit=10, profile="cpu")
+    with (
+        pytest.warns(BudgetWarning, match="a profiler is running"),
+        torch.profiler.profile(profile_memory=True),
+    ):
+        _grads(opt, x)
+    (rec,) = checkmate.plans_of(opt)
+    assert rec.compiled is not None and rec.compiled.measured is None and not rec.compiled.fits
+    assert rec.result.peak is not None and rec.budget is not None and rec.result.peak <= rec.budget
+
+    # where only the compiled step could fit, the error says why it was not measured
+    wide = _WideVocabLM()
+    y = torch.randint(0, 4096, (8, 128))
+    low = checkmate.optimize(wide, 30 * 2**20, compiler="inductor", time_limit=10, profile="cpu")
+    with pytest.raises(checkmate.InfeasibleBudgetError) as info, torch.profiler.profile(profile_memory=True):
+        low(y, y).backward()
+    assert any("a profiler is running" in n for n in getattr(info.value, "__notes__", []))
