@@ -188,3 +188,23 @@ def test_a_retained_graph_backs_up_twice_and_a_double_backward_says_it_is_not_su
     (g,) = torch.autograd.grad(model(xg).sum(), xg, create_graph=True)
     with pytest.raises(RuntimeError, match="double backward"):  # the README names this limit
         g.pow(2).sum().backward()
+
+
+def test_past_the_recompile_limit_a_new_shape_is_an_error_not_an_unplanned_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # past its limit Dynamo would run the step eagerly with no budget: checkmate makes it an
+    # error (the limit is raised to checkmate.api.RECOMPILE_LIMIT for its own calls only)
+    import checkmate.api
+
+    monkeypatch.setattr(checkmate.api, "RECOMPILE_LIMIT", 2)
+    opt = checkmate.optimize(_mlp(), 0.6, time_limit=TIME_LIMIT)
+    with torch._dynamo.config.patch(recompile_limit=2, accumulated_recompile_limit=2):
+        for n in (64, 48):
+            _step(opt, torch.randn(n, 32))
+        with pytest.raises(CheckmateError, match="recompile limit"):
+            _step(opt, torch.randn(32, 32))
+        # Dynamo's own settings are the caller's again
+        assert not torch._dynamo.config.fail_on_recompile_limit_hit
+        assert torch._dynamo.config.recompile_limit == 2
+    assert len(checkmate.plans_of(opt)) == 2
