@@ -10,7 +10,8 @@ sizes runs a plan already made for the same graph when that plan, re-simulated a
 sizes, fits the budget (a smaller batch always does), and is planned again only when none
 fits. A training loop whose batches vary in shape makes a few plans, not one per shape.
 
-Evaluation (``eval()`` or ``torch.no_grad()``) runs the original forward. So does a
+Evaluation (``eval()`` or ``torch.no_grad()``) runs the original forward (a backward through
+a step run in ``eval()`` mode: unplanned, with one :class:`UnplannedWarning`). So does a
 training step whose plans recompute and page nothing under a fraction budget (at or above
 the no-remat peak): the plan then equals what eager PyTorch does, and running eager avoids
 the compiled path's own overhead. Under a byte budget such a step runs compiled: eager
@@ -60,6 +61,7 @@ class CheckmateState:
         compiled: ``eager`` under torch.compile with the planner.
         eager_keys: input signature -> True when its plans recompute and page nothing.
         warned_unplanned: an :class:`UnplannedWarning` was issued (once per module).
+        warned_eval: a step in ``eval()`` mode was backpropagated, and a warning said so.
         settings: the arguments of the :func:`optimize` call (its budget among them).
     """
 
@@ -68,6 +70,7 @@ class CheckmateState:
     compiled: Callable[..., Any]
     eager_keys: dict[tuple[Any, ...], bool] = field(default_factory=dict)
     warned_unplanned: bool = False
+    warned_eval: bool = False
     #: the keyword arguments :func:`optimize` was called with (budget included): a copy or an
     #: unpickled module is optimized again with them
     settings: dict[str, Any] = field(default_factory=dict)
@@ -326,10 +329,41 @@ def plans_of(module: nn.Module) -> list[PlanRecord]:
     )
 
 
+def _warn_if_backpropagated(module: nn.Module, state: CheckmateState, out: Any) -> None:
+    """An :class:`UnplannedWarning`, once, when a backward runs through ``out``, the output of
+    a step run in ``eval()`` mode with gradients enabled: only training-mode steps are planned,
+    so that step had no memory bound (a validation pass that forgot ``torch.no_grad()`` is
+    never backpropagated, and says nothing)."""
+    first = next(
+        (t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad),
+        None,
+    )
+    if first is None:
+        return
+    name = type(module).__name__
+
+    def hook(grad: torch.Tensor) -> None:
+        if not state.warned_eval:
+            state.warned_eval = True
+            warnings.warn(
+                f"{name} ran in eval() mode with gradients enabled and a backward went through it: "
+                "checkmate plans training-mode steps only, so this one ran eagerly with no memory "
+                "bound. To train with dropout off or BatchNorm statistics frozen, call eval() on "
+                "those submodules and keep the model in train(); to evaluate, use torch.no_grad()",
+                UnplannedWarning,
+                stacklevel=2,
+            )
+
+    first.register_hook(hook)
+
+
 def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     state: CheckmateState = self.__dict__[_STATE]
     if not (self.training and torch.is_grad_enabled()):
-        return state.eager(*args, **kwargs)
+        out = state.eager(*args, **kwargs)
+        if torch.is_grad_enabled() and not state.warned_eval:
+            _warn_if_backpropagated(self, state, out)
+        return out
     key = _signature(args, kwargs)
     if key not in state.eager_keys:  # a new input signature (not every step: a module walk)
         check_fsdp_order(self)  # FSDP2: a sharded submodule would run outside the plan

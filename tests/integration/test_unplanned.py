@@ -208,3 +208,24 @@ def test_past_the_recompile_limit_a_new_shape_is_an_error_not_an_unplanned_step(
         assert not torch._dynamo.config.fail_on_recompile_limit_hit
         assert torch._dynamo.config.recompile_limit == 2
     assert len(checkmate.plans_of(opt)) == 2
+
+
+def test_a_backward_through_an_eval_mode_step_warns_once() -> None:
+    # eval() runs the original forward: a training step in eval() mode (dropout off, frozen
+    # BatchNorm) has no memory bound, and says so; evaluation without no_grad says nothing
+    opt = checkmate.optimize(_mlp(), 0.6, time_limit=TIME_LIMIT)
+    x = torch.randn(64, 32)
+    opt.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnplannedWarning)
+        opt(x)  # a validation pass that forgot torch.no_grad()
+        with torch.no_grad():
+            opt(x)
+    with pytest.warns(UnplannedWarning, match="eval\\(\\) mode"):
+        _step(opt, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnplannedWarning)
+        _step(opt, x)  # once per module
+        opt.train()
+        _step(opt, x)
+    assert len(checkmate.plans_of(opt)) == 1
