@@ -23,11 +23,12 @@ and only the compiled step's peak was checked against the bytes. With
 from __future__ import annotations
 
 import copy
+import inspect
 import random
 import types
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -490,6 +491,13 @@ def _subclass(cls: type) -> type:
         # torch.compile(optimized) must not trace into the planned step (its backend would
         # compile the model anew, unplanned): Dynamo skips this frame, not those it calls
         fwd = torch._dynamo.disable(_forward, recursive=False)
+        # the original forward's signature and docstring: libraries read them (Hugging Face's
+        # Trainer keeps only the dataset columns forward names: with (*args, **kwargs) it drops
+        # every input column and refuses to train)
+        original = getattr(cls, "forward", None)
+        with suppress(TypeError, ValueError):  # a builtin or C forward has no signature to give
+            fwd.__signature__ = inspect.signature(original)  # type: ignore[attr-defined,arg-type]
+        fwd.__doc__ = getattr(original, "__doc__", None)
         # a copy (copy.copy, copy.deepcopy: an EMA model, a frozen reference) and an unpickled
         # module (torch.save of the whole model) are the original class's module optimized
         # again with the same budget: the compiled step of the copied one would run the

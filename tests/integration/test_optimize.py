@@ -309,3 +309,14 @@ def test_a_pickled_optimized_module_loads_optimized_with_its_budget(tmp_path: An
     assert all(a is b for a, b in zip(shallow.parameters(), opt.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(_grads_of(shallow, x), want))
     assert plans_of(shallow)
+
+
+def test_the_optimized_forward_keeps_the_original_signature() -> None:
+    # Hugging Face's Trainer keeps only the dataset columns that forward names: with
+    # (*args, **kwargs) it dropped every input column and refused to train
+    import inspect
+
+    for model in (M.MLP(64, 4), M.gpt2(1, 32)):
+        opt = checkmate.optimize(model, 0.6)
+        assert inspect.signature(opt.forward) == inspect.signature(model.forward)
+        assert opt.forward.__doc__ == model.forward.__doc__
