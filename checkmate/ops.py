@@ -23,6 +23,7 @@ __all__ = [
     "is_random",
     "is_random_node",
     "host_arguments",
+    "host_placed",
     "named_arguments",
 ]
 
@@ -119,6 +120,22 @@ def host_arguments(target: Any) -> frozenset[str]:
     if schema is None or schema.name not in _HOST_PHILOX_OPS:
         return frozenset()
     return frozenset(a.name for a in schema.arguments if a.name.startswith("philox_"))
+
+
+def host_placed(
+    target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args`` and ``kwargs`` for running ``target`` outside the step (op timing, scratch
+    measurement), with each tensor its CUDA kernel reads on the host (:func:`host_arguments`)
+    replaced by zeros on the CPU (a philox seed and offset: any value times alike)."""
+    on_host = host_arguments(target)
+    if not on_host:
+        return args, kwargs
+    named = [
+        (k, torch.zeros(v.shape, dtype=v.dtype) if k in on_host and isinstance(v, torch.Tensor) else v)
+        for k, v in named_arguments(target, args, kwargs)
+    ]
+    return tuple(v for _, v in named[: len(args)]), {str(k): v for k, v in named[len(args) :]}
 
 
 def is_random(target: Any) -> bool:

@@ -39,7 +39,7 @@ import torch.fx as fx
 
 from checkmate.devcache import DeviceTable
 from checkmate.eager import real_tensors
-from checkmate.ops import host_arguments, is_mutation, is_random_node, is_view, named_arguments
+from checkmate.ops import host_placed, is_mutation, is_random_node, is_view
 from checkmate.timing import ProfileWarning, device_tag
 
 __all__ = ["SCRATCH", "scratch_bytes", "prefetch_scratch", "flush_scratch"]
@@ -168,20 +168,18 @@ def _measure_once(target: Any, vals: object, channels_last: frozenset[int]) -> i
     channels-last."""
     from checkmate.memory import measure_peak
 
-    host = _host_leaves(target, vals)
-
     def real(x: object, i: int) -> object:
         if isinstance(x, torch.Tensor):
-            dev = torch.device("cpu") if i in host else x.device
             if x.dtype.is_floating_point:
-                t = torch.randn(x.shape, dtype=x.dtype, device=dev)
+                t = torch.randn(x.shape, dtype=x.dtype, device=x.device)
             else:
-                t = torch.zeros(x.shape, dtype=x.dtype, device=dev)
+                t = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
             return t.to(memory_format=torch.channels_last) if i in channels_last else t
         return x
 
     leaves, spec = torch.utils._pytree.tree_flatten(vals)
     args, kwargs = torch.utils._pytree.tree_unflatten([real(x, i) for i, x in enumerate(leaves)], spec)
+    args, kwargs = host_placed(target, tuple(args), dict(kwargs))
     out: list[object] = [None]
 
     def run() -> None:
@@ -203,25 +201,6 @@ def _measure_once(target: Any, vals: object, channels_last: frozenset[int]) -> i
     if extra < _SCRATCH_MIN:
         return 0
     return -(-extra // _SCRATCH_ROUND) * _SCRATCH_ROUND
-
-
-def _host_leaves(target: Any, vals: object) -> frozenset[int]:
-    """Positions among the leaves of ``vals`` (an op's ``(args, kwargs)``) of the arguments its
-    CUDA kernel reads on the host (:func:`checkmate.ops.host_arguments`): made on the CPU."""
-    on_host = host_arguments(target)
-    if not on_host or not isinstance(vals, tuple) or len(vals) != 2:
-        return frozenset()
-    args, kwargs = vals
-    out: set[int] = set()
-    k = 0
-    for name, a in named_arguments(
-        target, args, kwargs
-    ):  # leaves in tree_flatten's order: the args, then kwargs as inserted
-        n = len(torch.utils._pytree.tree_leaves(a))
-        if name in on_host:
-            out.update(range(k, k + n))
-        k += n
-    return frozenset(out)
 
 
 def _describe(x: object) -> object:

@@ -37,7 +37,7 @@ import torch.fx
 from checkmate.devcache import DeviceTable
 from checkmate.eager import real_tensors
 from checkmate.flops import flat_tensors
-from checkmate.ops import host_arguments, is_mutation, is_view, named_arguments
+from checkmate.ops import host_placed, is_mutation, is_view
 
 __all__ = [
     "ProfileWarning",
@@ -359,7 +359,7 @@ def _measure_node(gm: torch.fx.GraphModule, node: torch.fx.Node, pool: _Pool) ->
     target = node.target
     assert callable(target)
     own = is_mutation(target)
-    # what a CUDA kernel reads on the host is made on the CPU (checkmate.ops.host_arguments:
+    # what a CUDA kernel reads on the host is made on the CPU (checkmate.ops.host_placed:
     # timed on GPU copies of its philox seed and offset, an attention backward with dropout
     # segfaulted on an H100, torch 2.11). More generally, an op whose example inputs mix
     # devices gets them mixed; a graph wholly on the CPU timed on another device is moved
@@ -367,17 +367,9 @@ def _measure_node(gm: torch.fx.GraphModule, node: torch.fx.Node, pool: _Pool) ->
     vals = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
     kinds = {t.device.type for t in flat_tensors(vals)}
     keep_cpu = "cpu" in kinds and len(kinds) > 1
-    on_host = host_arguments(target)
-    host = _Pool(torch.device("cpu"))
-
-    def make(name: str | None, v: Any) -> Any:
-        if name in on_host:
-            return _materialize(v, gm, host, own)
-        return _materialize(v, gm, pool, own, keep_cpu)
-
-    named = named_arguments(target, node.args, node.kwargs)
-    args = tuple(make(*nv) for nv in named[: len(node.args)])
-    kwargs = {str(k): make(k, v) for k, v in named[len(node.args) :]}
+    args = tuple(_materialize(v, gm, pool, own, keep_cpu) for v in node.args)
+    kwargs = {k: _materialize(v, gm, pool, own, keep_cpu) for k, v in node.kwargs.items()}
+    args, kwargs = host_placed(target, args, kwargs)
     return time_callable(lambda: target(*args, **kwargs), pool.device)
 
 

@@ -125,26 +125,22 @@ def test_a_convolution_planned_for_inductor_counts_the_scratch_of_its_layouts(
 
 
 def test_philox_arguments_are_made_on_the_cpu_for_scratch_measurement() -> None:
-    # flash attention's backward (not a random op: its scratch is measured) reads its philox
-    # seed and offset on the host; GPU copies would segfault it
-    import torch.utils._pytree as pytree
-
-    from checkmate.scratch import _host_leaves
+    # flash attention's backward reads its philox seed and offset on the host; GPU copies would
+    # segfault it (op timing and scratch measurement both place arguments with ops.host_placed)
+    from checkmate.ops import host_placed
 
     op = torch.ops.aten._scaled_dot_product_flash_attention_backward.default
-    t = torch.empty(2)
-    seed, offset = torch.empty((), dtype=torch.int64), torch.empty((), dtype=torch.int64)
+    t = torch.empty(2, device="meta")
+    seed, offset = (torch.empty((), dtype=torch.int64, device="meta") for _ in range(2))
     args = (t, t, t, t, t, t, None, None, 8, 8, 0.1, False, seed, offset)
-    vals = (args, {"scale": 0.5})
-    leaves = pytree.tree_leaves(vals)
-    host = _host_leaves(op, vals)
-    assert {id(leaves[i]) for i in host} == {id(seed), id(offset)} and len(host) == 2
-    assert _host_leaves(torch.ops.aten.mm.default, ((t, t), {})) == frozenset()
+    got, kw = host_placed(op, args, {"scale": 0.5})
+    moved = [k for k, (a, b) in enumerate(zip(args, got)) if a is not b]
+    assert moved == [12, 13] and all(got[k].device.type == "cpu" for k in moved)
+    assert kw == {"scale": 0.5} and all(a is b for a, b in zip(args[:12], got[:12]))
+    assert host_placed(torch.ops.aten.mm.default, (t, t), {}) == ((t, t), {})
     # passed by name
-    host = _host_leaves(op, (args[:12], {"philox_seed": seed, "philox_offset": offset}))
-    assert {
-        id(pytree.tree_leaves((args[:12], {"philox_seed": seed, "philox_offset": offset}))[i]) for i in host
-    } == {
-        id(seed),
-        id(offset),
+    got, kw = host_placed(op, args[:12], {"philox_seed": seed, "philox_offset": offset})
+    assert got == args[:12] and {k: v.device.type for k, v in kw.items()} == {
+        "philox_seed": "cpu",
+        "philox_offset": "cpu",
     }
