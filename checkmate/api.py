@@ -23,10 +23,14 @@ and only the compiled step's peak was checked against the bytes. With
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
+import os
 import random
+import sys
 import types
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -52,6 +56,16 @@ _STATE = "_checkmate_state"
 _SUBCLASSES: dict[type, type] = {}
 
 
+class _Pending:
+    """A planned call whose backward has not run: it lives as long as the call's autograd graph
+    (held in its output's ``grad_fn.metadata``), and ``done`` is set when the backward reaches it."""
+
+    __slots__ = ("__weakref__", "done")
+
+    def __init__(self) -> None:
+        self.done = False
+
+
 @dataclass
 class CheckmateState:
     """What an optimized module carries besides the original's state.
@@ -63,6 +77,9 @@ class CheckmateState:
         eager_keys: input signature -> True when its plans recompute and page nothing.
         warned_unplanned: an :class:`UnplannedWarning` was issued (once per module).
         warned_eval: a step in ``eval()`` mode was backpropagated, and a warning said so.
+        pending: the planned calls whose backward has not run yet, while their graphs live
+            (:func:`_track_pending`).
+        warned_reentry: a call started while an earlier one was pending, and a warning said so.
         settings: the arguments of the :func:`optimize` call (its budget among them).
     """
 
@@ -72,6 +89,8 @@ class CheckmateState:
     eager_keys: dict[tuple[Any, ...], bool] = field(default_factory=dict)
     warned_unplanned: bool = False
     warned_eval: bool = False
+    pending: list[weakref.ref[_Pending]] = field(default_factory=list)
+    warned_reentry: bool = False
     #: the keyword arguments :func:`optimize` was called with (budget included): a copy or an
     #: unpickled module is optimized again with them
     settings: dict[str, Any] = field(default_factory=dict)
@@ -335,10 +354,7 @@ def _warn_if_backpropagated(module: nn.Module, state: CheckmateState, out: Any) 
     a step run in ``eval()`` mode with gradients enabled: only training-mode steps are planned,
     so that step had no memory bound (a validation pass that forgot ``torch.no_grad()`` is
     never backpropagated, and says nothing)."""
-    first = next(
-        (t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad),
-        None,
-    )
+    first = next(_grad_leaves(out), None)
     if first is None:
         return
     name = type(module).__name__
@@ -366,13 +382,18 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             _warn_if_backpropagated(self, state, out)
         return out
     key = _signature(args, kwargs)
+    if state.pending:
+        _check_reentry(self, state)
     if key not in state.eager_keys:  # a new input signature (not every step: a module walk)
         check_fsdp_order(self)  # FSDP2: a sharded submodule would run outside the plan
     elif state.eager_keys[key]:
-        return state.eager(*args, **kwargs)
+        out = state.eager(*args, **kwargs)
+        _track_pending(state, out)
+        return out
     before = len(state.planner.records)
     state.planner.begin_step(key)
     out = _compiled_call(state, args, kwargs)
+    _track_pending(state, out)
     if key not in state.eager_keys:
         fresh = state.planner.records[before:]
         # eager PyTorch can hold more than the compiled step keeping every value (autograd
@@ -402,9 +423,79 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             "with a backward (Dynamo ran the forward eagerly), so training steps run eagerly with no "
             f"memory bound. {why}",
             UnplannedWarning,
-            stacklevel=4,  # _forward <- Module._call_impl <- Module.__call__ <- the caller
+            stacklevel=_caller_level(),
         )
     return out
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` at which a warning issued by this function's caller names the line
+    that called the model: the first frame outside checkmate, ``torch.nn`` and Dynamo's
+    wrappers (their depth differs between torch releases)."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_INTERNAL = (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(nn.__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(torch._dynamo.__file__)) + os.sep,
+)
+
+
+def _grad_leaves(out: Any) -> Iterator[torch.Tensor]:
+    """The tensors of ``out`` a backward can run through."""
+    if type(out) is torch.Tensor:  # the common output: no pytree walk (every step passes here)
+        leaves: list[Any] = [out]
+    else:
+        leaves = torch.utils._pytree.tree_leaves(out)
+    return (t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad)
+
+
+def _track_pending(state: CheckmateState, out: Any) -> None:
+    """Record a planned call as pending until a backward reaches one of its outputs' nodes.
+
+    The marker lives in those nodes' ``metadata``, so it dies with the call's autograd graph:
+    a call whose outputs are dropped unbackpropagated holds no activations, and is not pending."""
+    nodes = {id(n): n for t in _grad_leaves(out) if (n := t.grad_fn) is not None}
+    if not nodes:
+        return
+    token = _Pending()
+    ref = weakref.ref(token)
+    for node in nodes.values():
+        meta: dict[str, Any] = node.metadata  # type: ignore[assignment]  # a property; typed as a method
+        meta["checkmate_pending"] = token
+        node.register_prehook(functools.partial(_backward_reached, ref))
+    state.pending.append(ref)
+
+
+def _backward_reached(ref: weakref.ref[_Pending], grad_outputs: Any) -> None:
+    token = ref()
+    if token is not None:
+        token.done = True
+
+
+def _check_reentry(module: nn.Module, state: CheckmateState) -> None:
+    """A :class:`BudgetWarning`, once, when ``module`` is called for training while an earlier
+    call's backward has not run (two views of a batch, a GAN's discriminator on real and fake
+    data, losses summed over micro-batches before one backward): each call is planned to fit
+    the budget alone, and what the earlier calls keep for their backward is held beside it."""
+    live = [r for r in state.pending if (t := r()) is not None and not t.done]
+    state.pending = live
+    if live and not state.warned_reentry:
+        state.warned_reentry = True
+        warnings.warn(
+            f"{type(module).__name__} was called again before the backward of {len(live)} earlier "
+            "call(s): each call is planned to fit the budget alone, and the activations an earlier "
+            "call keeps for its backward stay allocated beside the next call's, so this step can "
+            f"hold up to {len(live) + 1} times the budget. Optimize one module whose forward makes "
+            "all the calls and computes the loss (its graph is then planned as one step), or call "
+            "the model once on the inputs concatenated",
+            BudgetWarning,
+            stacklevel=_caller_level(),
+        )
 
 
 def _recompile_limit_hit() -> bool:

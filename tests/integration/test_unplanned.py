@@ -229,3 +229,42 @@ def test_a_backward_through_an_eval_mode_step_warns_once() -> None:
         opt.train()
         _step(opt, x)
     assert len(checkmate.plans_of(opt)) == 1
+
+
+class _Pair(nn.Module):
+    """Two calls of one model and their loss in one forward: one graph, planned as one step."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (self.model(a) - self.model(b)).pow(2).mean()
+
+
+def test_a_second_call_before_the_first_ones_backward_warns_once_and_a_wrapper_holds_the_budget() -> None:
+    # each call is planned to fit the budget alone: two calls before one backward (two views
+    # of a batch, a GAN's discriminator on real and fake data) hold both calls' activations
+    from checkmate.runtime import BudgetWarning
+
+    x1, x2 = torch.randn(256, 32), torch.randn(256, 32)
+    budget = int(0.6 * measure_peak(lambda: _mlp()(x1).sum().backward()))
+    opt = checkmate.optimize(_mlp(), budget, time_limit=TIME_LIMIT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BudgetWarning)
+        for _ in range(2):  # a backward between the calls: nothing is held across them
+            opt(x1).sum().backward()
+            out = opt(x2)
+            out.sum().backward()
+        opt(x1)  # dropped without a backward: its graph, and what it kept, are freed
+        opt(x2).sum().backward()  # `out`, kept after its backward, holds no activations
+    with pytest.warns(BudgetWarning, match="called again before the backward of 1 earlier") as got:
+        peak = measure_peak(lambda: (opt(x1) - opt(x2)).pow(2).mean().backward())
+    assert got[0].filename == __file__  # the line that called the model
+    assert peak > 1.2 * budget  # what the warning is about
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BudgetWarning)
+        (opt(x1) - opt(x2)).pow(2).mean().backward()  # once per module
+        pair = checkmate.optimize(_Pair(_mlp()), budget, time_limit=TIME_LIMIT)
+        pair(x1, x2).backward()
+        assert measure_peak(lambda: pair(x1, x2).backward()) <= budget
