@@ -491,8 +491,9 @@ def _check_reentry(module: nn.Module, state: CheckmateState) -> None:
             "call(s): each call is planned to fit the budget alone, and the activations an earlier "
             "call keeps for its backward stay allocated beside the next call's, so this step can "
             f"hold up to {len(live) + 1} times the budget. Optimize one module whose forward makes "
-            "all the calls and computes the loss (its graph is then planned as one step), or call "
-            "the model once on the inputs concatenated",
+            "all the calls and computes the loss (its graph is then planned as one step), call the "
+            "model once on the inputs concatenated, or, for micro-batches, run each one's backward "
+            "before the next call (gradients accumulate)",
             BudgetWarning,
             stacklevel=_caller_level(),
         )
