@@ -192,15 +192,22 @@ def _measure_once(target: Any, vals: object, channels_last: frozenset[int]) -> i
         run()
         out[0] = None
     peak = measure_peak(run)
-    produced = sum(
-        t.untyped_storage().nbytes()
-        for t in torch.utils._pytree.tree_leaves(out[0])
-        if isinstance(t, torch.Tensor)
-    )
+    produced = sum(_held_bytes(t) for t in torch.utils._pytree.tree_leaves(out[0]) if isinstance(t, torch.Tensor))
     extra = int(peak) - int(produced)
     if extra < _SCRATCH_MIN:
         return 0
     return -(-extra // _SCRATCH_ROUND) * _SCRATCH_ROUND
+
+
+def _held_bytes(t: torch.Tensor) -> int:
+    """Bytes of the storages ``t`` holds: a sparse COO tensor (an ``nn.Embedding(sparse=True)``
+    gradient) holds its indices and values, and has no storage of its own; other layouts
+    count 0 (their bytes then count as scratch: more, never less)."""
+    if t.layout == torch.strided:
+        return int(t.untyped_storage().nbytes())
+    if t.layout == torch.sparse_coo:
+        return sum(int(p.untyped_storage().nbytes()) for p in (t._indices(), t._values()))
+    return 0
 
 
 def _describe(x: object) -> object:

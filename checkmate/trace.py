@@ -289,6 +289,8 @@ def _on_folded(n: fx.Node, inlined: set[fx.Node], base: dict[fx.Node, fx.Node | 
 def _tensor_bytes(val: object) -> int:
     """Bytes a traced value allocates: tensors (their storage) and tuples/lists of them."""
     if isinstance(val, torch.Tensor):
+        if val.layout == torch.sparse_coo:  # an nn.Embedding(sparse=True) gradient: what it holds
+            return sum(int(p.numel()) * p.element_size() for p in (val._indices(), val._values()))
         try:
             return int(val.untyped_storage().nbytes())
         except Exception:  # fake tensors without a storage: fall back to numel

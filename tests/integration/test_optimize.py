@@ -320,3 +320,41 @@ def test_the_optimized_forward_keeps_the_original_signature() -> None:
         opt = checkmate.optimize(model, 0.6)
         assert inspect.signature(opt.forward) == inspect.signature(model.forward)
         assert opt.forward.__doc__ == model.forward.__doc__
+
+
+class _SparseEmbedding(nn.Module):
+    """A recommender-style model: an ``nn.Embedding(sparse=True)`` (its gradient a sparse COO
+    tensor, which has no storage of its own) under an MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(1000, 64, sparse=True)
+        self.body = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.GELU()) for _ in range(6)])
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(self.emb(ids)))
+
+
+@pytest.mark.parametrize("compiler", ["aot", "inductor"])
+def test_a_sparse_embedding_gradient_is_planned_and_equals_eager(compiler: str) -> None:
+    ids = torch.randint(0, 1000, (512,), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    ref = _SparseEmbedding()
+    model = copy.deepcopy(ref)
+    budget = int(0.7 * measure_peak(lambda: ref(ids).pow(2).sum().backward()))
+    ref.zero_grad()
+    ref(ids).pow(2).sum().backward()
+    opt = checkmate.optimize(model, budget, (ids,), compiler=compiler, time_limit=5)
+    opt(ids).pow(2).sum().backward()
+    grad = model.emb.weight.grad
+    assert grad is not None and grad.is_sparse
+    tol = 0.0 if compiler == "aot" else 1e-5
+    assert torch.allclose(grad.to_dense(), ref.emb.weight.grad.to_dense(), rtol=tol, atol=tol)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.allclose(p.grad.to_dense(), q.grad.to_dense(), rtol=tol, atol=tol)
+    model.zero_grad()
+    peak = measure_peak(lambda: opt(ids).pow(2).sum().backward())
+    print(f"{compiler}: measured {peak:,} of {budget:,}")
+    assert peak <= budget
+    assert any(r.result.schedule is not None for r in plans_of(opt))
