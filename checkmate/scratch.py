@@ -192,7 +192,9 @@ def _measure_once(target: Any, vals: object, channels_last: frozenset[int]) -> i
         run()
         out[0] = None
     peak = measure_peak(run)
-    produced = sum(_held_bytes(t) for t in torch.utils._pytree.tree_leaves(out[0]) if isinstance(t, torch.Tensor))
+    produced = sum(
+        _held_bytes(t) for t in torch.utils._pytree.tree_leaves(out[0]) if isinstance(t, torch.Tensor)
+    )
     extra = int(peak) - int(produced)
     if extra < _SCRATCH_MIN:
         return 0
