@@ -8,6 +8,8 @@ training step fits the budget with gradients equal to eager PyTorch.
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 from solvers import __version__
@@ -58,3 +60,27 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'checkmate' has no attribute {name!r}")
+
+
+def _log_from_environment() -> None:
+    """``CHECKMATE_LOG=info`` (or ``debug``, ``warning``): planning progress on stderr, for a
+    first step that plans for seconds; without it the ``checkmate`` logger is the
+    application's to configure, as any library's."""
+    level = os.environ.get("CHECKMATE_LOG", "").strip().upper()
+    if not level:
+        return
+    logger = logging.getLogger("checkmate")
+    if not isinstance(logging.getLevelName(level), int):
+        logger.warning(
+            "CHECKMATE_LOG=%r is not a logging level (debug, info, warning): ignored", level.lower()
+        )
+        return
+    if not any(getattr(h, "_checkmate", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("checkmate: %(message)s"))
+        handler._checkmate = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(level)
+
+
+_log_from_environment()

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import logging
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
@@ -61,6 +62,9 @@ from solvers.resize import structure
 from solvers.result import SolveResult
 from solvers.schedule import PAGEIN, PAGEOUT, keep_all_peak
 from solvers.strategies.baselines import checkpoint_all
+
+#: planning progress at INFO (one line per stage that takes seconds, one per plan); see README
+log = logging.getLogger("checkmate")
 
 __all__ = ["COMPILERS", "BudgetWarning", "PlanRecord", "Planner"]
 
@@ -171,8 +175,18 @@ class Planner:
         """
         spent: dict[str, float] = {}  # stage -> seconds (checkmate.timers), for the record
         device = _device_of(joint)
+        index = len(self.records)
+        log.info(
+            "graph %d: tracing and timing %d ops on %s (%s)", index, len(joint.graph.nodes), device, compiler
+        )
         with stage("trace", spent):  # the graph model, profiled as it is built
             jg = self._trace(joint, num_fwd_outputs, device, compiler, spent)
+        log.info(
+            "graph %d: graph model built in %.1f s; planning for a budget of %s",
+            index,
+            spent["trace"],
+            self.budget,
+        )
         profile_id = _profile_id(self.profile, device, compiler)
         beyond: InfeasibleBudgetError | None = None  # the graph model's verdict, overruled below
         with stage("plan", spent):  # reuse a plan of its family, else the plan cache or a solve
@@ -203,7 +217,12 @@ class Planner:
                         f"{format_bytes(check.measured or 0)}"
                     )
                 raise beyond
-        return self._record(jg, res, modules, paged, asked, reused, spent, compiler, check)
+        out = self._record(jg, res, modules, paged, asked, reused, spent, compiler, check)
+        if log.isEnabledFor(logging.INFO):
+            rec = self.records[-1]
+            took = ", ".join(f"{k} {v:.1f} s" for k, v in spent.items())
+            log.info("%s; plan cache %s; %s", rec.summary(), rec.cache, took)
+        return out
 
     def _compiled_may_fit(self, compiler: str, exc: InfeasibleBudgetError) -> bool:
         """Whether a budget the graph model finds no schedule for is worth checking compiled:
@@ -259,7 +278,7 @@ class Planner:
         """The plan whose halves, compiled by Inductor, measure within the plan's budget
         and use most of it (:mod:`checkmate.compiled`), starting from ``first``; ``quiet``:
         no :class:`BudgetWarning` when none fits (the caller raises)."""
-        from checkmate.compiled import calibrate, compiled_peak
+        from checkmate.compiled import calibrate
 
         res = first[0]
         assert res.budget is not None
@@ -284,12 +303,23 @@ class Planner:
             if isinstance(x, torch.Tensor) and getattr(x, "_dynamo_static_input_type", None)
         ]
         compile_half = functools.partial(_compile_half, static=static)
+        measured: dict[tuple[Any, ...], int] = {}  # a replan can return a schedule measured before
+
+        def measure(p: _Plan) -> int:
+            assert p[0].schedule is not None
+            key = p[0].schedule.steps
+            if key not in measured:
+                measured[key] = _logged_peak(
+                    p, jg.num_fwd_outputs, compile_half, self.inputs, held, len(self.records)
+                )
+            return measured[key]
+
         plan, check = calibrate(
             first,
             held,
             simulated=lambda p: int(p[0].peak),
             cost=lambda p: float(p[0].cost or 0.0),
-            measure=lambda p: compiled_peak(p[1], jg.num_fwd_outputs, compile_half, self.inputs),
+            measure=measure,
             replan=replan,
             ceiling=ref,
             start=start,
@@ -528,6 +558,34 @@ class Planner:
             stacklevel=2,
         )
         return res, asked
+
+
+def _logged_peak(
+    plan: _Plan,
+    num_fwd_outputs: int,
+    compile_half: Any,
+    inputs: Sequence[Any] | None,
+    budget: int,
+    index: int,
+) -> int:
+    """:func:`checkmate.compiled.compiled_peak` of ``plan``'s halves, logged (a compile and a
+    step each: seconds)."""
+    from checkmate.compiled import compiled_peak
+
+    log.info(
+        "graph %d: compiling the plan at %s simulated with Inductor to measure it",
+        index,
+        format_bytes(plan[0].peak or 0),
+    )
+    got = compiled_peak(plan[1], num_fwd_outputs, compile_half, inputs)
+    log.info(
+        "graph %d: compiled step measured %s (%.2fx the budget %s)",
+        index,
+        format_bytes(got),
+        got / max(budget, 1),
+        format_bytes(budget),
+    )
+    return got
 
 
 def _fold_nothing_else(node: fx.Node) -> bool:

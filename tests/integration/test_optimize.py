@@ -358,3 +358,16 @@ def test_a_sparse_embedding_gradient_is_planned_and_equals_eager(compiler: str) 
     print(f"{compiler}: measured {peak:,} of {budget:,}")
     assert peak <= budget
     assert any(r.result.schedule is not None for r in plans_of(opt))
+
+
+def test_planning_logs_its_stages_and_the_plan_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    model, x = M.MLP(64, 4), torch.randn(256, 64)
+    with caplog.at_level(logging.INFO, logger="checkmate"):
+        opt = checkmate.optimize(model, 0.5, (x,), time_limit=2)
+    lines = [r.getMessage() for r in caplog.records if r.name == "checkmate"]
+    assert lines[0].startswith("graph 0: tracing and timing") and "(aot)" in lines[0]
+    assert any("planning for a budget of 50%" in m for m in lines)
+    last = lines[-1]
+    assert last.startswith(plans_of(opt)[0].summary()) and "plan cache " in last and " s" in last
