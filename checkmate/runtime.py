@@ -60,7 +60,7 @@ from solvers.errors import InfeasibleBudgetError
 from solvers.graph import Graph
 from solvers.resize import structure
 from solvers.result import SolveResult
-from solvers.schedule import PAGEIN, PAGEOUT, keep_all_peak
+from solvers.schedule import COMPUTE, PAGEIN, PAGEOUT, keep_all_peak, simulate
 from solvers.strategies.baselines import checkpoint_all
 
 #: planning progress at INFO (one line per stage that takes seconds, one per plan); see README
@@ -107,6 +107,8 @@ class Planner:
         steps: training-step signature -> indices in ``records`` of the graphs compiled for
             it (the graphs of one step, recompilations included).
         step: the signature of the step being compiled (set by :meth:`begin_step`).
+        call: indices in ``records`` of the graphs compiled in the current call (graph
+            breaks: they run in one step, each holding what it saved while the next runs).
         families: a graph's structure (:func:`solvers.resize.structure`: its ops and
             edges, not its sizes) -> indices in ``records`` of the graphs of that structure
             that were planned (not reused); see :mod:`checkmate.families`.
@@ -128,6 +130,8 @@ class Planner:
     families: dict[Hashable, list[int]] = field(default_factory=dict, repr=False)
     check_compiled: bool = True
     warned_unchecked: bool = field(default=False, repr=False)
+    call: list[int] = field(default_factory=list, repr=False)
+    warned_split: bool = field(default=False, repr=False)
     inputs: Sequence[Any] | None = field(default=None, repr=False)
 
     @property
@@ -140,6 +144,7 @@ class Planner:
         """Graphs compiled from now on belong to the training step with this input
         signature (their sizes decide which graph sets the step's peak)."""
         self.step = signature
+        self.call = []
 
     def backend(self) -> Callable[..., Any]:
         """A torch.compile backend running this planner's plans with its compiler."""
@@ -218,11 +223,47 @@ class Planner:
                     )
                 raise beyond
         out = self._record(jg, res, modules, paged, asked, reused, spent, compiler, check)
+        self.call.append(len(self.records) - 1)
+        if self.budget.nbytes is not None and len(self.call) > 1 and not self.warned_split:
+            self._check_split()
         if log.isEnabledFor(logging.INFO):
             rec = self.records[-1]
             took = ", ".join(f"{k} {v:.1f} s" for k, v in spent.items())
             log.info("%s; plan cache %s; %s", rec.summary(), rec.cache, took)
         return out
+
+    def _check_split(self) -> None:
+        """A :class:`BudgetWarning`, once, when the graphs of one call (split by graph breaks)
+        can together exceed a byte budget that each meets alone.
+
+        Their forwards run in order and their backwards in reverse: while graph ``j`` runs,
+        the graphs before it hold what their forwards handed to their backwards, and the
+        gradients of the graphs after it are held too. Simulated, the step's peak is
+        ``max_j(sum_{i<j} S_i + P_j + sum_{i>j} G_i)``, with ``S`` the bytes held at a graph's
+        forward/backward boundary, ``P`` its peak and ``G`` the bytes its backward leaves."""
+        nbytes = self.budget.nbytes
+        assert nbytes is not None
+        parts = [_held_bytes(self.records[i]) for i in self.call]
+        estimates = [
+            sum(s for s, _, _ in parts[:j]) + parts[j][1] + sum(g for _, _, g in parts[j + 1 :])
+            for j in range(len(parts))
+        ]
+        worst = max(range(len(parts)), key=lambda j: estimates[j])
+        if estimates[worst] <= nbytes:
+            return
+        self.warned_split = True
+        held = sum(s for s, _, _ in parts[:worst])
+        warnings.warn(
+            f"graph breaks split this step into {len(parts)} graphs, and a byte budget applies to each "
+            f"graph alone: while graph {self.call[worst]} runs (its own peak "
+            f"{format_bytes(parts[worst][1])}), the graphs before it hold {format_bytes(held)} for their "
+            f"backward, so the step can reach about {format_bytes(estimates[worst])} "
+            f"({estimates[worst] / nbytes:.2f}x the budget of {format_bytes(nbytes)}). Remove the graph "
+            "break (TORCH_LOGS=graph_breaks names it; fullgraph=True makes it an error), or pass a "
+            "budget that leaves room for what the earlier graphs hold",
+            BudgetWarning,
+            stacklevel=2,
+        )
 
     def _compiled_may_fit(self, compiler: str, exc: InfeasibleBudgetError) -> bool:
         """Whether a budget the graph model finds no schedule for is worth checking compiled:
@@ -558,6 +599,23 @@ class Planner:
             stacklevel=2,
         )
         return res, asked
+
+
+def _held_bytes(record: PlanRecord) -> tuple[int, int, int]:
+    """Of ``record``'s plan, simulated: the bytes held at its forward/backward boundary (what
+    the forward hands to the backward, and its outputs), its peak, and the bytes its backward
+    leaves (gradients)."""
+    graph, schedule = record.joint.graph, record.result.schedule
+    if schedule is None:
+        return 0, int(record.result.peak or 0), 0
+    sim = simulate(graph, schedule)
+    backward = graph.backward_mask
+    first = next(
+        (k for k, (op, i) in enumerate(schedule.steps) if op == COMPUTE and backward[i]), len(schedule.steps)
+    )
+    boundary = int(sim.timeline[first - 1]) if first > 0 else 0
+    left = sum(int(graph.mem[i]) for i in sim.resident_end if backward[i])
+    return boundary, int(sim.peak), left
 
 
 def _logged_peak(

@@ -24,6 +24,7 @@ from torch import nn
 
 import checkmate
 from checkmate.api import UnplannedWarning, plans_of
+from checkmate.memory import measure_peak
 from checkmate.runtime import BudgetWarning
 from solvers.budget import format_bytes
 from solvers.errors import InfeasibleBudgetError
@@ -182,3 +183,40 @@ def test_a_schedule_not_found_in_time_raises_where_the_solve_runs_as_a_proven_on
     with pytest.raises(InfeasibleBudgetError, match=r"checkpoint-all: no_solution") as caught:
         planner._solved(graph, Budget(nbytes=nbytes), "cpu")
     assert not caught.value.proven and caught.value.minimum is not None
+
+
+class BrokenInTheMiddle(nn.Module):
+    """Two halves of an MLP with a graph break between them: two graphs of one step, the
+    first holding what it saved for its backward while the second runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Sequential(*[nn.Sequential(nn.Linear(128, 128), nn.GELU()) for _ in range(5)])
+        self.b = nn.Sequential(*[nn.Sequential(nn.Linear(128, 128), nn.GELU()) for _ in range(5)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        torch._dynamo.graph_break()
+        return self.b(h)
+
+
+def test_graphs_of_one_step_that_together_exceed_a_byte_budget_warn_with_the_estimate() -> None:
+    x = torch.randn(256, 128)
+    torch.manual_seed(0)
+    eager = measure_peak(lambda: BrokenInTheMiddle()(x).sum().backward())
+    budget = int(0.5 * eager)
+    torch.manual_seed(0)
+    opt = checkmate.optimize(BrokenInTheMiddle(), budget, time_limit=2)
+    with pytest.warns(BudgetWarning, match="graph breaks split this step into 2 graphs") as got:
+        opt(x).sum().backward()
+    assert len(plans_of(opt)) == 2
+    estimate = float(str(got[0].message).split("(")[2].split("x the budget")[0])
+    measured = measure_peak(lambda: opt(x).sum().backward()) / budget
+    assert measured > 1.2  # what the warning is about
+    assert abs(estimate - measured) < 0.15, (estimate, measured)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BudgetWarning)
+        opt(x).sum().backward()  # once per module
+        # bytes that both graphs keeping every value fit together: nothing to say
+        roomy = checkmate.optimize(BrokenInTheMiddle(), 2 * eager, time_limit=2)
+        roomy(x).sum().backward()
