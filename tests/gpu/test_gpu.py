@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 
-from solvers.errors import InfeasibleBudgetError
-
 torch = pytest.importorskip("torch")
 
 pytestmark = [
@@ -201,16 +199,12 @@ def test_gpt2_in_bf16_with_dropout_runs_fused_attention_on_cuda(backend: str) ->
     assert measured <= AOT_SLACK * budget
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=InfeasibleBudgetError,
-    reason="on an H100 (torch 2.11) checkmate's compiled least-peak step measured 32.13 MiB against "
-    "torch.compile's 16.76 MiB, so 1.5x torch.compile's peak raises InfeasibleBudgetError (with the "
-    "measurement in a note) instead of fitting; on the CPU it fits",
-)
 def test_a_budget_below_every_simulated_schedule_is_held_compiled_on_cuda() -> None:
     # the graph model counts a cross-entropy's log-softmax chain as separate values that
-    # Inductor's fused kernels never allocate: such a budget is tried compiled
+    # Inductor's fused kernels never allocate: such a budget is tried compiled. On an H100
+    # (torch 2.11) the least simulated plan measured 32.13 MiB against torch.compile's 16.76
+    # and this raised; the CPU showed the same (32.25 against 16.89) until the plan keeping
+    # every value was measured too when none fits (16.89 there). Not yet rerun on a GPU
     import checkmate
     from tests.integration.test_inductor import _WideVocabLM
 
