@@ -47,7 +47,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from checkmate.cache import cached_solve
 from checkmate.codegen import SplitModules, generate
-from checkmate.compiled import Calibration
+from checkmate.compiled import Calibration, CompileHalf
 from checkmate.distributed import agree_bytes, ddp_reserve, fsdp_reserve, plan_once
 from checkmate.families import family_target, larger_shape_budget, plan_ahead, reuse
 from checkmate.records import HELD_TO, KEEPS_ALL, PlanRecord
@@ -644,14 +644,15 @@ def _held_bytes(record: PlanRecord) -> tuple[int, int, int]:
         (k for k, (op, i) in enumerate(schedule.steps) if op == COMPUTE and backward[i]), len(schedule.steps)
     )
     boundary = int(sim.timeline[first - 1]) if first > 0 else 0
-    left = sum(int(graph.mem[i]) for i in sim.resident_end if backward[i])
+    # the backward's outputs (gradients), read by the sink, which the simulation frees last
+    left = sum(int(graph.mem[i]) for i in graph.preds[graph.n - 1] if backward[i])
     return boundary, int(sim.peak), left
 
 
 def _logged_peak(
     plan: _Plan,
     num_fwd_outputs: int,
-    compile_half: Any,
+    compile_half: CompileHalf,
     inputs: Sequence[Any] | None,
     budget: int,
     index: int,
