@@ -39,8 +39,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from checkmate.distributed import check_fsdp_order
-from checkmate.runtime import COMPILERS, UNCHECKED, BudgetWarning, Planner, PlanRecord
+from checkmate.distributed import active_ddp_module, check_fsdp_order
+from checkmate.runtime import COMPILERS, UNCHECKED, BudgetWarning, Planner, PlanRecord, log
 from solvers.budget import BudgetSpec, parse_budget
 from solvers.errors import CheckmateError, TraceError
 from solvers.strategies import check_options
@@ -80,6 +80,8 @@ class CheckmateState:
         pending: the planned calls whose backward has not run yet, while their graphs live
             (:func:`_track_pending`).
         warned_reentry: a call started while an earlier one was pending, and a warning said so.
+        outside_ddp: input signatures compiled outside a DDP forward (planned without DDP's
+            gradient buckets): run inside one, the step is compiled and planned again.
         settings: the arguments of the :func:`optimize` call (its budget among them).
     """
 
@@ -90,6 +92,7 @@ class CheckmateState:
     warned_unplanned: bool = False
     warned_eval: bool = False
     pending: list[weakref.ref[_Pending]] = field(default_factory=list)
+    outside_ddp: set[tuple[Any, ...]] = field(default_factory=set)
     warned_reentry: bool = False
     #: the keyword arguments :func:`optimize` was called with (budget included): a copy or an
     #: unpickled module is optimized again with them
@@ -384,8 +387,12 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     key = _signature(args, kwargs)
     if state.pending:
         _check_reentry(self, state)
+    if state.outside_ddp and key in state.outside_ddp and active_ddp_module() is not None:
+        _replan_inside_ddp(state)
     if key not in state.eager_keys:  # a new input signature (not every step: a module walk)
         check_fsdp_order(self)  # FSDP2: a sharded submodule would run outside the plan
+        if active_ddp_module() is None:
+            state.outside_ddp.add(key)
     elif state.eager_keys[key]:
         out = state.eager(*args, **kwargs)
         _track_pending(state, out)
@@ -443,6 +450,23 @@ _INTERNAL = (
     os.path.dirname(os.path.abspath(nn.__file__)) + os.sep,
     os.path.dirname(os.path.abspath(torch._dynamo.__file__)) + os.sep,
 )
+
+
+def _replan_inside_ddp(state: CheckmateState) -> None:
+    """Compile the step anew, so that it is planned inside DDP's forward: a plan made outside
+    it (``example_inputs``, a step before wrapping) left DDP's gradient buckets out of the
+    budget, and measured 1.05x it under DDP."""
+    log.info("the step was planned outside DDP's forward: planning it again inside, with DDP's buckets")
+    eager = state.eager
+    fresh = _own_function(eager.__func__).__get__(eager.__self__)  # type: ignore[attr-defined]
+    state.compiled = torch.compile(
+        fresh,
+        backend=state.planner.backend(),
+        dynamic=False,
+        fullgraph=bool(state.settings.get("fullgraph", False)),
+    )
+    state.eager_keys.clear()
+    state.outside_ddp.clear()
 
 
 def _grad_leaves(out: Any) -> Iterator[torch.Tensor]:

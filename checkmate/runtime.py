@@ -196,7 +196,7 @@ class Planner:
         beyond: InfeasibleBudgetError | None = None  # the graph model's verdict, overruled below
         with stage("plan", spent):  # reuse a plan of its family, else the plan cache or a solve
             try:
-                res, asked, reused = self._solve(jg, profile_id)
+                res, asked, reused = self._solve_after_earlier(jg, profile_id)
             except InfeasibleBudgetError as exc:
                 if not self._compiled_may_fit(compiler, exc):
                     raise
@@ -261,34 +261,50 @@ class Planner:
         return whole, replace(check, rounds=rounds, chosen=len(rounds) - 1)
 
     def _check_split(self) -> None:
-        """A :class:`BudgetWarning`, once, when the graphs of one call (split by graph breaks)
-        can together exceed a byte budget that each meets alone.
+        """A :class:`BudgetWarning`, once, when the graphs of one call (split by graph breaks,
+        or by DDP at its gradient buckets) can together exceed a byte budget that each meets
+        alone.
 
         Their forwards run in order and their backwards in reverse: while graph ``j`` runs,
-        the graphs before it hold what their forwards handed to their backwards, and the
-        gradients of the graphs after it are held too. Simulated, the step's peak is
-        ``max_j(sum_{i<j} S_i + P_j + sum_{i>j} G_i)``, with ``S`` the bytes held at a graph's
-        forward/backward boundary, ``P`` its peak and ``G`` the bytes its backward leaves."""
-        nbytes = self.budget.nbytes
-        assert nbytes is not None
+        the graphs before it hold what their forwards handed to their backwards (``S``, the
+        bytes at a graph's forward/backward boundary), and under DDP the gradients of the
+        parameters of the graphs after it are held too (DDP's parameters less those of the
+        graphs up to ``j``; outside DDP the parameters of later graphs are not known here).
+        Simulated, the step's peak is ``max_j(sum_{i<j} S_i + P_j + later_j)``, ``P`` a
+        graph's own peak."""
+        asked = self.budget.nbytes
+        assert asked is not None
+        buckets = ddp_reserve()  # one copy of every gradient DDP reduces
+        beside = buckets + fsdp_reserve()  # held beside every graph
+        nbytes = max(asked - beside, 1)
         parts = [_held_bytes(self.records[i]) for i in self.call]
-        estimates = [
-            sum(s for s, _, _ in parts[:j]) + parts[j][1] + sum(g for _, _, g in parts[j + 1 :])
-            for j in range(len(parts))
-        ]
+        own = 0
+        estimates = []
+        for j, (_, peak, grads) in enumerate(parts):
+            own += grads
+            later = max(buckets - own, 0) if buckets else 0
+            estimates.append(sum(s for s, _, _ in parts[:j]) + peak + later)
         worst = max(range(len(parts)), key=lambda j: estimates[j])
         if estimates[worst] <= nbytes:
             return
         self.warned_split = True
         held = sum(s for s, _, _ in parts[:worst])
+        split = "DDP's gradient buckets split this step" if buckets else "graph breaks split this step"
+        remedy = (
+            "torch._dynamo.config.optimize_ddp = False makes it one graph (DDP then reduces the "
+            "gradients after the backward instead of during it)"
+            if buckets
+            else "remove the graph break (TORCH_LOGS=graph_breaks names it; fullgraph=True makes it an error)"
+        )
         warnings.warn(
-            f"graph breaks split this step into {len(parts)} graphs, and a byte budget applies to each "
-            f"graph alone: while graph {self.call[worst]} runs (its own peak "
-            f"{format_bytes(parts[worst][1])}), the graphs before it hold {format_bytes(held)} for their "
-            f"backward, so the step can reach about {format_bytes(estimates[worst])} "
-            f"({estimates[worst] / nbytes:.2f}x the budget of {format_bytes(nbytes)}). Remove the graph "
-            "break (TORCH_LOGS=graph_breaks names it; fullgraph=True makes it an error), or pass a "
-            "budget that leaves room for what the earlier graphs hold",
+            f"{split} into {len(parts)} graphs, and a byte budget applies to each graph alone: while "
+            f"graph {self.call[worst]} runs (its own peak {format_bytes(parts[worst][1])}), the graphs "
+            f"before it hold {format_bytes(held)} for their backward"
+            + (", and those after it their gradients" if buckets else "")
+            + f", so the step can reach about {format_bytes(estimates[worst])} "
+            f"({estimates[worst] / nbytes:.2f}x the {format_bytes(nbytes)} of the budget left to the graphs"
+            + (f" beside {format_bytes(beside)} of DDP's buckets or FSDP2's parameters" if beside else "")
+            + f"). To hold it, {remedy}, or pass a larger budget",
             BudgetWarning,
             stacklevel=2,
         )
@@ -511,7 +527,43 @@ class Planner:
             self.families.setdefault(structure(jg.graph), []).append(index)
         return modules.forward, modules.backward
 
-    def _solve(self, jg: JointGraph, profile_id: str) -> tuple[SolveResult, int | None, int | None]:
+    def _solve_after_earlier(
+        self, jg: JointGraph, profile_id: str
+    ) -> tuple[SolveResult, int | None, int | None]:
+        """:meth:`_solve` under a byte budget less what the graphs compiled earlier in this
+        call hold while this one runs (graph breaks, and DDP's graph splits at its gradient
+        buckets: their forwards run in order and their backwards in reverse). Where that
+        leaves no plan, the graph is planned at the whole budget as before, and
+        :meth:`_check_split` warns with the step's estimated peak."""
+        earlier = self._held_before() + self._later_gradients(jg.graph)
+        if not earlier:
+            return self._solve(jg, profile_id)
+        try:
+            return self._solve(jg, profile_id, earlier)
+        except InfeasibleBudgetError:
+            return self._solve(jg, profile_id)
+
+    def _later_gradients(self, graph: Graph) -> int:
+        """Under DDP and a byte budget, the gradients of the parameters no graph of this call
+        so far computes (DDP splits a step's graph at its buckets): the graphs after this one
+        leave them while this one's backward runs. 0 outside DDP (the parameters of later
+        graphs are not known here: :meth:`_check_split` warns) and for a graph with them all."""
+        total = ddp_reserve()  # one copy of every gradient DDP reduces
+        if self.budget.nbytes is None or not total:
+            return 0
+        own = _gradient_bytes(graph) + sum(_gradient_bytes(self.records[i].joint.graph) for i in self.call)
+        return max(total - own, 0)
+
+    def _held_before(self) -> int:
+        """Under a byte budget, the simulated bytes the graphs compiled earlier in this call
+        hold at their forward/backward boundary (0 for a fraction: each graph's own)."""
+        if self.budget.nbytes is None or not self.call:
+            return 0
+        return sum(_held_bytes(self.records[i])[0] for i in self.call)
+
+    def _solve(
+        self, jg: JointGraph, profile_id: str, earlier: int = 0
+    ) -> tuple[SolveResult, int | None, int | None]:
         """The plan of ``jg``; when it was planned above the budget asked (see
         :meth:`partition`), the bytes asked; when it reuses the plan of another record
         (the same graph at other sizes), that record's index.
@@ -526,7 +578,7 @@ class Planner:
         if budget.nbytes is not None:  # every rank decides below with the same bytes
             budget = replace(budget, nbytes=agree_bytes(budget.nbytes))
         # DDP's gradient buckets, FSDP2's unsharded parameters: live beside the graph
-        reserve = ddp_reserve() + fsdp_reserve()
+        reserve = ddp_reserve() + fsdp_reserve() + earlier
         # bytes for the graph alone (a fraction without a family: resolved in _plan)
         target, nbytes = family_target(budget, ref, self.records, family, reserve)
         if family and nbytes is not None and ref <= nbytes:
@@ -607,7 +659,8 @@ class Planner:
                 if reserve:  # the bytes in the message are the graph's own: say where the rest went
                     exc.add_note(
                         f"{format_bytes(reserve)} of the budget asked is held beside this graph (DDP's "
-                        "gradient buckets, FSDP2's unsharded parameters) and was taken off it"
+                        "gradient buckets, FSDP2's unsharded parameters, what graphs before it in the step "
+                        "keep for their backward) and was taken off it"
                     )
                 raise
             asked, minimum = exc.budget, exc.minimum
@@ -631,6 +684,12 @@ class Planner:
         return res, asked
 
 
+def _gradient_bytes(graph: Graph) -> int:
+    """The bytes of ``graph``'s backward outputs (its gradients), which the sink reads."""
+    backward = graph.backward_mask
+    return sum(int(graph.mem[i]) for i in graph.preds[graph.n - 1] if backward[i])
+
+
 def _held_bytes(record: PlanRecord) -> tuple[int, int, int]:
     """Of ``record``'s plan, simulated: the bytes held at its forward/backward boundary (what
     the forward hands to the backward, and its outputs), its peak, and the bytes its backward
@@ -644,9 +703,7 @@ def _held_bytes(record: PlanRecord) -> tuple[int, int, int]:
         (k for k, (op, i) in enumerate(schedule.steps) if op == COMPUTE and backward[i]), len(schedule.steps)
     )
     boundary = int(sim.timeline[first - 1]) if first > 0 else 0
-    # the backward's outputs (gradients), read by the sink, which the simulation frees last
-    left = sum(int(graph.mem[i]) for i in graph.preds[graph.n - 1] if backward[i])
-    return boundary, int(sim.peak), left
+    return boundary, int(sim.peak), _gradient_bytes(graph)
 
 
 def _logged_peak(
