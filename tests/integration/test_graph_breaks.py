@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import warnings
 
 import pytest
@@ -200,7 +201,7 @@ class BrokenInTheMiddle(nn.Module):
         return self.b(h)
 
 
-def test_graphs_of_one_step_that_together_exceed_a_byte_budget_warn_with_the_estimate() -> None:
+def test_graphs_of_one_step_share_a_byte_budget_or_warn_with_the_estimate() -> None:
     x = torch.randn(256, 128)
     torch.manual_seed(0)
     eager = measure_peak(lambda: BrokenInTheMiddle()(x).sum().backward())
@@ -210,13 +211,15 @@ def test_graphs_of_one_step_that_together_exceed_a_byte_budget_warn_with_the_est
     with pytest.warns(BudgetWarning, match="graph breaks split this step into 2 graphs") as got:
         opt(x).sum().backward()
     assert len(plans_of(opt)) == 2
-    estimate = float(str(got[0].message).split("(")[2].split("x the budget")[0])
+    estimate = float(re.search(r"\(([\d.]+)x the ", str(got[0].message)).group(1))  # type: ignore[union-attr]
     measured = measure_peak(lambda: opt(x).sum().backward()) / budget
     assert measured > 1.2  # what the warning is about
     assert abs(estimate - measured) < 0.15, (estimate, measured)
     with warnings.catch_warnings():
         warnings.simplefilter("error", BudgetWarning)
         opt(x).sum().backward()  # once per module
-        # bytes that both graphs keeping every value fit together: nothing to say
-        roomy = checkmate.optimize(BrokenInTheMiddle(), 2 * eager, time_limit=2)
+        # room for both: the second graph is planned with what the first holds beside it
+        # (1.25x the budget measured when each was planned at the whole budget)
+        roomy = checkmate.optimize(BrokenInTheMiddle(), int(0.8 * eager), time_limit=2)
         roomy(x).sum().backward()
+        assert measure_peak(lambda: roomy(x).sum().backward()) <= int(0.8 * eager)
