@@ -388,7 +388,8 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if state.pending:
         _check_reentry(self, state)
     if state.outside_ddp and key in state.outside_ddp and active_ddp_module() is not None:
-        _replan_inside_ddp(state)
+        log.info("the step was planned outside DDP's forward: planning it again inside, with DDP's buckets")
+        _compile_again(state)
     if key not in state.eager_keys:  # a new input signature (not every step: a module walk)
         check_fsdp_order(self)  # FSDP2: a sharded submodule would run outside the plan
         if active_ddp_module() is None:
@@ -401,6 +402,10 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     state.planner.begin_step(key)
     out = _compiled_call(state, args, kwargs)
     _track_pending(state, out)
+    if state.planner.replan_pending:  # its graphs (graph breaks) exceeded the budget together
+        state.planner.replan_pending = False
+        _compile_again(state)
+        return out
     if key not in state.eager_keys:
         fresh = state.planner.records[before:]
         # eager PyTorch can hold more than the compiled step keeping every value (autograd
@@ -452,11 +457,12 @@ _INTERNAL = (
 )
 
 
-def _replan_inside_ddp(state: CheckmateState) -> None:
-    """Compile the step anew, so that it is planned inside DDP's forward: a plan made outside
-    it (``example_inputs``, a step before wrapping) left DDP's gradient buckets out of the
-    budget, and measured 1.05x it under DDP."""
-    log.info("the step was planned outside DDP's forward: planning it again inside, with DDP's buckets")
+def _compile_again(state: CheckmateState) -> None:
+    """A fresh torch.compile of the step (a code object of its own: Dynamo compiles it anew at
+    the next call, and the planner plans it again), for a step planned outside DDP's forward
+    (``example_inputs``, a step before wrapping: DDP's gradient buckets were left out of the
+    budget, and it measured 1.05x it under DDP) and for the graphs of a step that exceeded a
+    byte budget together (each is then planned with the others beside it)."""
     eager = state.eager
     fresh = _own_function(eager.__func__).__get__(eager.__self__)  # type: ignore[attr-defined]
     state.compiled = torch.compile(

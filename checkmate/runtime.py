@@ -109,6 +109,10 @@ class Planner:
         step: the signature of the step being compiled (set by :meth:`begin_step`).
         call: indices in ``records`` of the graphs compiled in the current call (graph
             breaks: they run in one step, each holding what it saved while the next runs).
+        split: step signature -> per graph of a call of that step, in call order, the
+            gradient bytes it left and its least peak, where those graphs together exceeded a
+            byte budget: the step is compiled again (``replan_pending``, for the caller) and
+            each graph planned with room for the graphs after it (:meth:`_later_gradients`).
         families: a graph's structure (:func:`solvers.resize.structure`: its ops and
             edges, not its sizes) -> indices in ``records`` of the graphs of that structure
             that were planned (not reused); see :mod:`checkmate.families`.
@@ -132,6 +136,8 @@ class Planner:
     warned_unchecked: bool = field(default=False, repr=False)
     call: list[int] = field(default_factory=list, repr=False)
     warned_split: bool = field(default=False, repr=False)
+    split: dict[object, tuple[tuple[int, int], ...]] = field(default_factory=dict, repr=False)
+    replan_pending: bool = field(default=False, repr=False)
     inputs: Sequence[Any] | None = field(default=None, repr=False)
 
     @property
@@ -225,7 +231,7 @@ class Planner:
         out = self._record(jg, res, modules, paged, asked, reused, spent, compiler, check)
         self.call.append(len(self.records) - 1)
         if self.budget.nbytes is not None and len(self.call) > 1 and not self.warned_split:
-            self._check_split()
+            self._check_split(profile_id)
         if log.isEnabledFor(logging.INFO):
             rec = self.records[-1]
             took = ", ".join(f"{k} {v:.1f} s" for k, v in spent.items())
@@ -260,32 +266,45 @@ class Planner:
             return plan, replace(check, rounds=rounds)
         return whole, replace(check, rounds=rounds, chosen=len(rounds) - 1)
 
-    def _check_split(self) -> None:
-        """A :class:`BudgetWarning`, once, when the graphs of one call (split by graph breaks,
-        or by DDP at its gradient buckets) can together exceed a byte budget that each meets
-        alone.
+    def _check_split(self, profile_id: str) -> None:
+        """When the graphs of one call (split by graph breaks, or by DDP at its gradient
+        buckets) can together exceed a byte budget that each meets alone: the step is
+        compiled again at the next call, each graph then planned with what the others hold
+        beside it (``split``); where that does not hold either, a :class:`BudgetWarning`, once.
 
         Their forwards run in order and their backwards in reverse: while graph ``j`` runs,
         the graphs before it hold what their forwards handed to their backwards (``S``, the
-        bytes at a graph's forward/backward boundary), and under DDP the gradients of the
-        parameters of the graphs after it are held too (DDP's parameters less those of the
-        graphs up to ``j``; outside DDP the parameters of later graphs are not known here).
-        Simulated, the step's peak is ``max_j(sum_{i<j} S_i + P_j + later_j)``, ``P`` a
-        graph's own peak."""
+        bytes at a graph's forward/backward boundary), and the graphs after it the gradients
+        their backwards left (``G``). Simulated, the step's peak is
+        ``max_j(sum_{i<j} S_i + P_j + sum_{k>j} G_k)``, ``P`` a graph's own peak."""
         asked = self.budget.nbytes
         assert asked is not None
-        buckets = ddp_reserve()  # one copy of every gradient DDP reduces
-        beside = buckets + fsdp_reserve()  # held beside every graph
+        buckets = ddp_reserve()
+        beside = buckets + fsdp_reserve()  # DDP's buckets, FSDP2's parameters: beside every graph
         nbytes = max(asked - beside, 1)
         parts = [_held_bytes(self.records[i]) for i in self.call]
-        own = 0
-        estimates = []
-        for j, (_, peak, grads) in enumerate(parts):
-            own += grads
-            later = max(buckets - own, 0) if buckets else 0
-            estimates.append(sum(s for s, _, _ in parts[:j]) + peak + later)
+        estimates = [
+            sum(s for s, _, _ in parts[:j]) + parts[j][1] + sum(g for _, _, g in parts[j + 1 :])
+            for j in range(len(parts))
+        ]
         worst = max(range(len(parts)), key=lambda j: estimates[j])
         if estimates[worst] <= nbytes:
+            return
+        if self.step not in self.split:  # not planned with the later graphs in view yet
+            # what each graph leaves while an earlier one's backward runs, and at least holds
+            # while it runs itself (its least peak: the room the earlier ones must leave it)
+            self.split[self.step] = tuple(
+                (g, self._least_peak(self.records[i].joint.graph, profile_id) if k else 0)
+                for k, (i, (_, _, g)) in enumerate(zip(self.call, parts))
+            )
+            self.replan_pending = True
+            log.info(
+                "the step's %d graphs can together reach %s, over the %s of the budget left to them: "
+                "compiling it again at the next call, each graph planned with the others beside it",
+                len(parts),
+                format_bytes(estimates[worst]),
+                format_bytes(nbytes),
+            )
             return
         self.warned_split = True
         held = sum(s for s, _, _ in parts[:worst])
@@ -297,11 +316,10 @@ class Planner:
             else "remove the graph break (TORCH_LOGS=graph_breaks names it; fullgraph=True makes it an error)"
         )
         warnings.warn(
-            f"{split} into {len(parts)} graphs, and a byte budget applies to each graph alone: while "
+            f"{split} into {len(parts)} graphs, and no plans of them fit a byte budget together: while "
             f"graph {self.call[worst]} runs (its own peak {format_bytes(parts[worst][1])}), the graphs "
-            f"before it hold {format_bytes(held)} for their backward"
-            + (", and those after it their gradients" if buckets else "")
-            + f", so the step can reach about {format_bytes(estimates[worst])} "
+            f"before it hold {format_bytes(held)} for their backward and those after it the gradients "
+            f"they left, so the step can reach about {format_bytes(estimates[worst])} "
             f"({estimates[worst] / nbytes:.2f}x the {format_bytes(nbytes)} of the budget left to the graphs"
             + (f" beside {format_bytes(beside)} of DDP's buckets or FSDP2's parameters" if beside else "")
             + f"). To hold it, {remedy}, or pass a larger budget",
@@ -530,29 +548,66 @@ class Planner:
     def _solve_after_earlier(
         self, jg: JointGraph, profile_id: str
     ) -> tuple[SolveResult, int | None, int | None]:
-        """:meth:`_solve` under a byte budget less what the graphs compiled earlier in this
-        call hold while this one runs (graph breaks, and DDP's graph splits at its gradient
-        buckets: their forwards run in order and their backwards in reverse). Where that
-        leaves no plan, the graph is planned at the whole budget as before, and
-        :meth:`_check_split` warns with the step's estimated peak."""
-        earlier = self._held_before() + self._later_gradients(jg.graph)
-        if not earlier:
-            return self._solve(jg, profile_id)
-        try:
-            return self._solve(jg, profile_id, earlier)
-        except InfeasibleBudgetError:
-            return self._solve(jg, profile_id)
+        """:meth:`_solve` under a byte budget less what the other graphs of this call hold
+        while this one runs (graph breaks, and DDP's graph splits at its gradient buckets:
+        their forwards run in order and their backwards in reverse): the graphs before it,
+        what they saved; the graphs after it, their least peaks (room for them) or else the
+        gradients they leave (:meth:`_later_room`). Each reserve that leaves no plan gives
+        way to the next smaller one, down to the whole budget as before; :meth:`_check_split`
+        then says what the step can reach."""
+        before = self._held_before()
+        tried: set[int] = set()
+        for later in (*self._later_room(jg.graph), 0):
+            reserve = before + later
+            if reserve in tried:
+                continue
+            tried.add(reserve)
+            if not reserve:
+                break
+            try:
+                return self._solve(jg, profile_id, reserve)
+            except InfeasibleBudgetError:
+                continue
+        return self._solve(jg, profile_id)
 
-    def _later_gradients(self, graph: Graph) -> int:
-        """Under DDP and a byte budget, the gradients of the parameters no graph of this call
-        so far computes (DDP splits a step's graph at its buckets): the graphs after this one
-        leave them while this one's backward runs. 0 outside DDP (the parameters of later
-        graphs are not known here: :meth:`_check_split` warns) and for a graph with them all."""
+    def _later_room(self, graph: Graph) -> tuple[int, ...]:
+        """Under a byte budget, what the graphs after this one in the call need beside it, most
+        first: as a call before this one found them (``split``), the sum of their least peaks
+        (room to run in beside what this one saves) and of the gradients they leave (held
+        while this one's backward runs); else under DDP, which splits a step's graph at its
+        buckets, the gradients of its parameters that no graph of this call so far computes;
+        else nothing (the graphs after it are not known yet: :meth:`_check_split` has the
+        step compiled again)."""
+        if self.budget.nbytes is None:
+            return ()
+        known = self.split.get(self.step)
+        if known is not None:  # this step's graphs, as a call before this one compiled them
+            later = known[len(self.call) + 1 :]
+            return tuple(sorted({sum(least for _, least in later), sum(g for g, _ in later)}, reverse=True))
         total = ddp_reserve()  # one copy of every gradient DDP reduces
-        if self.budget.nbytes is None or not total:
-            return 0
+        if not total:
+            return ()
         own = _gradient_bytes(graph) + sum(_gradient_bytes(self.records[i].joint.graph) for i in self.call)
-        return max(total - own, 0)
+        return (max(total - own, 0),)
+
+    def _least_peak(self, graph: Graph, profile_id: str) -> int:
+        """The least peak a schedule of ``graph`` found reaches (its keep-all peak when none
+        is found), within at most 10 s."""
+        ref = keep_all_peak(graph)
+        least = Budget(least=True, reference=ref)
+        limit = min(self.time_limit or 10.0, 10.0)
+        try:
+            res = plan_once(
+                graph,
+                -1,
+                lambda _: cached_solve(
+                    graph, least, self.strategy, time_limit=limit, options=self.options,
+                    profile_id=profile_id, plan_path=None,
+                ),
+            )  # fmt: skip
+        except InfeasibleBudgetError:
+            return ref
+        return int(res.peak or ref) if res.ok else ref
 
     def _held_before(self) -> int:
         """Under a byte budget, the simulated bytes the graphs compiled earlier in this call

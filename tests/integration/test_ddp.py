@@ -265,8 +265,10 @@ def _split_worker(rank: int, port: int, out: str, share: float, example: bool) -
         planned = DDP(opt)
         with warnings.catch_warnings(record=True) as got:
             warnings.simplefilter("always", BudgetWarning)
-            step(planned)
-            peak = measure_peak(lambda: step(planned))
+            step(planned)  # plans
+            # DDP rebuilds its buckets at its second step (eager DDP: 13.0 MiB there, 7.0 after),
+            # where checkmate may also plan the step again with the other graph in view
+            peak = max(measure_peak(lambda: step(planned)) for _ in range(3))
         said = [str(w.message) for w in got if issubclass(w.category, BudgetWarning)]
         doc = {"budget": budget, "peak": peak, "warnings": said, "plans": len(checkmate.plans_of(opt))}
         Path(out, f"rank{rank}.json").write_text(json.dumps(doc))
@@ -278,17 +280,18 @@ def _split_worker(rank: int, port: int, out: str, share: float, example: bool) -
 def test_ddp_graph_splits_hold_a_byte_budget_or_say_they_cannot(tmp_path: Path, example: bool) -> None:
     # DDP's graph splitting runs a step as two graphs: the first holds what it saved while
     # the second runs, and the second's gradients while the first's backward runs. Where the
-    # budget has room for that, each graph is planned with it (measured 0.95x); where it has
-    # not, a warning says so (measured 1.012x at 0.95 of eager DDP's peak). A plan made
-    # outside DDP (example_inputs) is made again inside it, with DDP's gradient buckets
+    # budget has room for that, each graph is planned with it (1.05x eager DDP's peak: within
+    # it at every step); where it has not, a warning says so (0.95x: 1.012x the budget at
+    # DDP's bucket-rebuilding second step, silently before). A plan made outside DDP
+    # (example_inputs) is made again inside it, with DDP's gradient buckets (1.052x before)
     for share, fits in ((1.05, True), (0.95, False)):
         out = tmp_path / f"{share}"
         out.mkdir()
         torch.multiprocessing.spawn(_split_worker, args=(free_port(), str(out), share, example), nprocs=WORLD)
         for r in range(WORLD):
             doc = json.loads((out / f"rank{r}.json").read_text())
-            # the two graphs of the split (and the one graph planned before DDP wrapped it)
-            assert doc["plans"] == 2 + example, f"rank {r} at {share}: {doc['plans']} plans"
+            # the two graphs of the split, maybe twice (and the one graph planned before DDP)
+            assert doc["plans"] in (2 + example, 4 + example), f"rank {r} at {share}: {doc['plans']} plans"
             if fits:
                 assert doc["peak"] <= doc["budget"], (
                     f"rank {r}: {doc['peak'] / doc['budget']:.3f}x the budget"

@@ -202,24 +202,39 @@ class BrokenInTheMiddle(nn.Module):
 
 
 def test_graphs_of_one_step_share_a_byte_budget_or_warn_with_the_estimate() -> None:
+    # the first call plans each graph alone (the second is not known yet); the step is then
+    # compiled again, each graph planned with room for the other beside it
     x = torch.randn(256, 128)
     torch.manual_seed(0)
     eager = measure_peak(lambda: BrokenInTheMiddle()(x).sum().backward())
     budget = int(0.5 * eager)
     torch.manual_seed(0)
     opt = checkmate.optimize(BrokenInTheMiddle(), budget, time_limit=2)
-    with pytest.warns(BudgetWarning, match="graph breaks split this step into 2 graphs") as got:
-        opt(x).sum().backward()
-    assert len(plans_of(opt)) == 2
-    estimate = float(re.search(r"\(([\d.]+)x the ", str(got[0].message)).group(1))  # type: ignore[union-attr]
-    measured = measure_peak(lambda: opt(x).sum().backward()) / budget
-    assert measured > 1.2  # what the warning is about
-    assert abs(estimate - measured) < 0.15, (estimate, measured)
     with warnings.catch_warnings():
         warnings.simplefilter("error", BudgetWarning)
-        opt(x).sum().backward()  # once per module
-        # room for both: the second graph is planned with what the first holds beside it
-        # (1.25x the budget measured when each was planned at the whole budget)
-        roomy = checkmate.optimize(BrokenInTheMiddle(), int(0.8 * eager), time_limit=2)
-        roomy(x).sum().backward()
-        assert measure_peak(lambda: roomy(x).sum().backward()) <= int(0.8 * eager)
+        for _ in range(3):  # plans, plans again with the other graph in view, runs
+            opt(x).sum().backward()
+        measured = measure_peak(lambda: opt(x).sum().backward())
+    plans = plans_of(opt)
+    assert len(plans) == 4
+    assert (plans[2].result.peak or 0) < (plans[0].result.peak or 0)  # room made for the second graph
+    assert measured <= budget, (
+        f"{measured / budget:.3f}x the budget (1.68x with each graph at the whole budget)"
+    )
+
+    # too little for both graphs at their least: the second call says what the step reaches
+    tight = int(0.33 * eager)
+    torch.manual_seed(0)
+    low = checkmate.optimize(BrokenInTheMiddle(), tight, time_limit=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BudgetWarning)
+        low(x).sum().backward()
+    with pytest.warns(BudgetWarning, match="graph breaks split this step into 2 graphs") as got:
+        low(x).sum().backward()
+    estimate = float(re.search(r"\(([\d.]+)x the ", str(got[0].message)).group(1))  # type: ignore[union-attr]
+    over = measure_peak(lambda: low(x).sum().backward()) / tight
+    assert over > 1.2  # what the warning is about
+    assert abs(estimate - over) < 0.2, (estimate, over)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BudgetWarning)
+        low(x).sum().backward()  # once per module
