@@ -606,17 +606,7 @@ class Planner:
         ref = keep_all_peak(graph)
         least = Budget(least=True, reference=ref)
         limit = min(self.time_limit or 10.0, 10.0)
-        try:
-            res = plan_once(
-                graph,
-                -1,
-                lambda _: cached_solve(
-                    graph, least, self.strategy, time_limit=limit, options=self.options,
-                    profile_id=profile_id, plan_path=None,
-                ),
-            )  # fmt: skip
-        except InfeasibleBudgetError:
-            return ref
+        res = plan_once(graph, -1, lambda _: self._cached(graph, least, profile_id, time_limit=limit))
         return int(res.peak or ref) if res.ok else ref
 
     def _held_before(self) -> int:
@@ -682,10 +672,13 @@ class Planner:
             raise no_plan_error(graph, res, time_limit=self.time_limit)
         return res
 
-    def _cached(self, graph: Graph, budget: Budget, profile_id: str) -> SolveResult:
-        """The plan cache's plan of ``graph`` at ``budget``, with this planner's settings."""
+    def _cached(
+        self, graph: Graph, budget: Budget, profile_id: str, time_limit: float | None = None
+    ) -> SolveResult:
+        """The plan cache's plan of ``graph`` at ``budget``, with this planner's settings
+        (``time_limit`` in place of its own, when given)."""
         return cached_solve(
-            graph, budget, self.strategy, time_limit=self.time_limit, options=self.options,
+            graph, budget, self.strategy, time_limit=time_limit or self.time_limit, options=self.options,
             profile_id=profile_id, plan_path=self.plan_path,
         )  # fmt: skip
 
