@@ -53,7 +53,7 @@ from checkmate.families import family_target, larger_shape_budget, plan_ahead, r
 from checkmate.records import HELD_TO, KEEPS_ALL, PlanRecord
 from checkmate.scratch import flush_scratch, prefetch_scratch, scratch_bytes
 from checkmate.timers import stage
-from checkmate.trace import JointGraph, build_graph, recompute_dropout_from_mask
+from checkmate.trace import JointGraph, build_graph, correct_traced_dtypes, recompute_dropout_from_mask
 from solvers.api import no_plan_error
 from solvers.budget import Budget, format_bytes
 from solvers.errors import InfeasibleBudgetError
@@ -473,6 +473,7 @@ class Planner:
         """The graph model of ``joint``; op costs and scratch sizes are taken as it is
         built (the stages ``profile`` and ``scratch``, nested in ``trace``)."""
         recompute_dropout_from_mask(joint)  # dropout replays its mask when recomputed
+        correct_traced_dtypes(joint)  # where a fake-tensor rule and its kernel disagree
 
         from checkmate import fusion
 

@@ -55,6 +55,7 @@ Modelling choices (the simulator's memory must match what the runtime allocates)
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -63,12 +64,20 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from checkmate.eager import real_tensors
 from checkmate.ops import is_mutation, is_random_node, is_view_node, through_views, writes_input
 from checkmate.placement import accumulates_into, backward_only, deferrable, lazy_order
 from solvers.errors import TraceError
 from solvers.graph import Graph
 
-__all__ = ["JointGraph", "build_graph", "recompute_dropout_from_mask", "SINK", "WORKSPACE"]
+__all__ = [
+    "JointGraph",
+    "build_graph",
+    "correct_traced_dtypes",
+    "recompute_dropout_from_mask",
+    "SINK",
+    "WORKSPACE",
+]
 
 #: key of the sink node that reads every output of the step
 SINK = "__outputs__"
@@ -150,6 +159,106 @@ def recompute_dropout_from_mask(gm: fx.GraphModule) -> int:
     if done:
         gm.recompile()
     return done
+
+
+def correct_traced_dtypes(gm: fx.GraphModule) -> int:
+    """Give traced values the dtypes their kernels return where a fake-tensor rule disagrees.
+
+    torch 2.13, on the CPU: ``native_layer_norm``, ``native_batch_norm`` and
+    ``native_group_norm`` of a bfloat16 or float16 input with float32 weights (what
+    ``torch.autocast("cpu")`` traces) return float32 statistics, traced in the input's dtype.
+    An op's cost and scratch are measured on inputs made from the traced values, and the
+    backward refused statistics its forward never gives it. Each CPU op that returns several
+    tensors and reads floating-point tensors of more than one dtype runs once for real (once
+    per signature in a process) and its outputs' traced dtypes follow the kernel's; a torch
+    whose rules agree changes nothing. Mutates ``gm``'s node metadata.
+
+    Returns:
+        The number of values whose dtype changed.
+    """
+    done = 0
+    for node in gm.graph.nodes:
+        vals = node.meta.get("val")
+        if node.op != "call_function" or not isinstance(vals, (tuple, list)):
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        ins = fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
+        tensors = [t for t in torch.utils._pytree.tree_leaves(ins) if isinstance(t, torch.Tensor)]
+        floats = {t.dtype for t in tensors if t.dtype.is_floating_point}
+        if len(floats) < 2 or any(t.device.type != "cpu" for t in tensors):
+            continue
+        kernel = _kernel_dtypes(node.target, ins)
+        if kernel is None or len(kernel) != len(vals):
+            continue
+        fixed = [
+            _with_dtype(v, d) if isinstance(v, torch.Tensor) and d is not None and v.dtype != d else v
+            for v, d in zip(vals, kernel)
+        ]
+        changed = {i for i, (v, f) in enumerate(zip(vals, fixed)) if f is not v}
+        if not changed:
+            continue
+        node.meta["val"] = type(vals)(fixed)
+        for user in node.users:
+            if user.target is operator.getitem and user.args[1] in changed:
+                _retype(user, fixed[int(user.args[1])])  # type: ignore[call-overload]
+        done += len(changed)
+    return done
+
+
+def _retype(node: fx.Node, val: torch.Tensor) -> None:
+    """``node``'s traced value becomes ``val``, and so do the dtypes of the views and
+    aliases of it that kept its dtype (the backward reads saved statistics through
+    ``detach``)."""
+    old = node.meta.get("val")
+    node.meta["val"] = val
+    if not isinstance(old, torch.Tensor):
+        return
+    for user in node.users:
+        mine = user.meta.get("val")
+        if not isinstance(mine, torch.Tensor) or mine.dtype != old.dtype:
+            continue
+        if is_view_node(user) and user.args[:1] == (node,):
+            _retype(user, _with_dtype(mine, val.dtype))
+
+
+_KERNEL_DTYPES: dict[str, tuple[torch.dtype | None, ...] | None] = {}
+
+
+def _kernel_dtypes(target: torch._ops.OpOverload, ins: Any) -> tuple[torch.dtype | None, ...] | None:
+    """The dtypes of the outputs ``target`` returns when run for real on CPU tensors shaped
+    like ``ins`` (its traced args and kwargs); None when it does not run."""
+    key = repr((target, torch.utils._pytree.tree_map(_signature_of, ins)))
+    if key not in _KERNEL_DTYPES:
+
+        def real(x: object) -> object:
+            if not isinstance(x, torch.Tensor):
+                return x
+            if x.dtype.is_floating_point:
+                return torch.randn(x.shape, dtype=x.dtype)
+            return torch.zeros(x.shape, dtype=x.dtype)
+
+        try:
+            with real_tensors():
+                args, kwargs = torch.utils._pytree.tree_map(real, ins)
+                out = target(*args, **kwargs)
+            _KERNEL_DTYPES[key] = tuple(o.dtype if isinstance(o, torch.Tensor) else None for o in out)
+        except (RuntimeError, TypeError, ValueError):
+            _KERNEL_DTYPES[key] = None
+    return _KERNEL_DTYPES[key]
+
+
+def _signature_of(x: object) -> object:
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), str(x.dtype))
+    return x
+
+
+def _with_dtype(val: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A fake tensor like ``val`` (its shape, strides and device) of ``dtype``."""
+    mode = getattr(val, "fake_mode", None)
+    with mode if mode is not None else contextlib.nullcontext():
+        return torch.empty_strided(val.shape, val.stride(), dtype=dtype, device=val.device)
 
 
 def _position(gm: fx.GraphModule, node: fx.Node) -> int:

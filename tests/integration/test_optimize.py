@@ -371,3 +371,67 @@ def test_planning_logs_its_stages_and_the_plan_at_info(caplog: pytest.LogCapture
     assert any("planning for a budget of 50%" in m for m in lines)
     last = lines[-1]
     assert last.startswith(plans_of(opt)[0].summary()) and "plan cache " in last and " s" in last
+
+
+class _NormsCNN(nn.Module):
+    """A CNN with the three norms whose CPU kernels return float32 statistics under autocast."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        c = 16
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.blocks = nn.Sequential(
+            *[
+                nn.Sequential(
+                    nn.Conv2d(c, c, 3, padding=1),
+                    nn.BatchNorm2d(c),
+                    nn.ReLU(),
+                    nn.Conv2d(c, c, 3, padding=1),
+                    nn.GroupNorm(4, c),
+                    nn.ReLU(),
+                )
+                for _ in range(3)
+            ]
+        )
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.LayerNorm(c), nn.Linear(c, 10))
+
+    def forward(self, x: Any) -> Any:
+        return self.head(self.blocks(self.stem(x)))
+
+
+def test_a_step_under_cpu_autocast_is_planned_and_equals_eager() -> None:
+    import warnings
+
+    x = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    y = torch.randint(0, 10, (8,), generator=torch.Generator().manual_seed(1))
+
+    def step(m: Any, amp: bool = True) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            loss = nn.functional.cross_entropy(m(x), y)
+        loss.backward()
+
+    torch.manual_seed(0)
+    ref = _NormsCNN()
+    model = copy.deepcopy(ref)
+    step(copy.deepcopy(ref))
+    budget = int(0.6 * measure_peak(lambda: step(copy.deepcopy(ref))))
+    opt = checkmate.optimize(model, budget, compiler="aot", time_limit=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no op left unmeasured, no budget warning
+        for amp in (True, False):
+            ref.zero_grad()
+            model.zero_grad()
+            step(ref, amp)
+            if amp:
+                peak = measure_peak(lambda: step(opt))
+                print(f"autocast: measured {peak:,} of {budget:,}")
+                assert peak <= budget
+            else:
+                step(opt, amp)
+            for p, q in zip(model.parameters(), ref.parameters()):
+                assert torch.equal(p.grad, q.grad)
+            for a, b in zip(model.buffers(), ref.buffers()):
+                assert torch.equal(a, b)
+    records = plans_of(opt)
+    assert len(records) == 2  # autocast on and off are two graphs, each planned
+    assert records[0].result.schedule is not None and records[0].modules.recomputes > 0

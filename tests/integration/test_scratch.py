@@ -144,3 +144,26 @@ def test_philox_arguments_are_made_on_the_cpu_for_scratch_measurement() -> None:
         "philox_seed": "cpu",
         "philox_offset": "cpu",
     }
+
+
+def test_an_op_that_refuses_inputs_made_from_its_traced_values_counts_no_scratch(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a group norm's backward given bfloat16 statistics (the dtype torch 2.13's fake-tensor
+    # rule traces under autocast; the kernel makes float32 ones) raises: planning goes on
+    import logging
+
+    g = fx.Graph()
+    names = ("grad", "x", "mean", "rstd", "weight")
+    shapes = ((2, 4, 6, 6), (2, 4, 6, 6), (2, 2), (2, 2), (4,))
+    args = [g.placeholder(n) for n in names]
+    for a, shape in zip(args, shapes):
+        a.meta["val"] = torch.empty(shape, dtype=torch.float32 if a.name == "weight" else torch.bfloat16)
+    node = g.call_function(
+        torch.ops.aten.native_group_norm_backward.default, (*args, 2, 4, 36, 2, [True, True, True])
+    )
+    node.meta["val"] = (torch.empty(2, 4, 6, 6, dtype=torch.bfloat16), torch.empty(4), torch.empty(4))
+    _fresh_table(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="checkmate"):
+        assert sc.scratch_bytes(node) == 0
+    assert any("not measured" in r.getMessage() for r in caplog.records)

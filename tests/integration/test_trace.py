@@ -422,3 +422,32 @@ def test_only_flash_and_efficient_attention_read_their_philox_arguments_on_the_h
     assert host_arguments(aten._efficient_attention_backward.default) == philox
     assert host_arguments(aten._scaled_dot_product_cudnn_attention_backward.default) == frozenset()
     assert host_arguments(aten.mm.default) == frozenset()
+
+
+@pytest.mark.parametrize("norm", ["layer", "batch", "group"])
+def test_traced_norm_statistics_get_the_dtype_the_cpu_kernel_returns(norm: str) -> None:
+    # under torch.autocast("cpu") a norm reads a bfloat16 input and float32 weights; its kernel
+    # returns float32 statistics, which torch 2.13's fake-tensor rules trace as bfloat16
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from checkmate.trace import correct_traced_dtypes
+
+    aten = torch.ops.aten
+    x, w, b = torch.randn(2, 4, 6, 6, dtype=torch.bfloat16), torch.ones(4), torch.zeros(4)
+
+    def f(x: Any, w: Any, b: Any) -> Any:
+        if norm == "layer":
+            out, mean, rstd = aten.native_layer_norm(x, [6, 6], w.new_ones(6, 6), None, 1e-5)
+        elif norm == "batch":
+            out, mean, rstd = aten.native_batch_norm(x, w, b, None, None, True, 0.1, 1e-5)
+        else:
+            out, mean, rstd = aten.native_group_norm(x, w, b, 2, 4, 36, 2, 1e-5)
+        return out, mean.detach(), rstd
+
+    real = f(x, w, b)
+    gm = make_fx(f, tracing_mode="fake")(x, w, b)
+    outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    assert correct_traced_dtypes(gm) >= 2
+    assert [o.meta["val"].dtype for o in outs] == [t.dtype for t in real]
+    assert [o.meta["val"].shape for o in outs] == [t.shape for t in real]
+    assert correct_traced_dtypes(gm) == 0  # nothing left to correct
