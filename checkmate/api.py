@@ -22,6 +22,7 @@ and only the compiled step's peak was checked against the bytes. With
 
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
 import inspect
@@ -38,9 +39,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from checkmate.distributed import active_ddp_module, check_fsdp_order
+from checkmate.distributed import active_ddp_module, check_fsdp_order, rank_and_world
 from checkmate.runtime import COMPILERS, UNCHECKED, BudgetWarning, Planner, PlanRecord, log
+from checkmate.stepcheck import StepWindow, open_window
 from solvers.budget import BudgetSpec, parse_budget
 from solvers.errors import CheckmateError, TraceError
 from solvers.strategies import check_options
@@ -66,7 +69,7 @@ class _Pending:
         self.done = False
 
 
-@dataclass
+@dataclass(eq=False)  # identity: held in weak sets
 class CheckmateState:
     """What an optimized module carries besides the original's state.
 
@@ -83,6 +86,16 @@ class CheckmateState:
         outside_ddp: input signatures compiled outside a DDP forward (planned without DDP's
             gradient buckets): run inside one, the step is compiled and planned again.
         settings: the arguments of the :func:`optimize` call (its budget among them).
+        window: the training step being measured whole (:mod:`checkmate.stepcheck`), from
+            its forward's start to the end of the backward that reaches it.
+        window_key: the input signature of the step ``window`` measures.
+        window_calls: the count of optimized modules' training calls (``_CALLS``) when it
+            opened: another one inside the window (each block of a model optimized apart)
+            makes the measurement no measure of this module's step.
+        stepped: input signatures whose step was measured whole (byte budgets).
+        recompile: a measured step exceeded the budget: the next call compiles it again.
+        warned_outside: a step measured whole exceeded the budget after that, and a
+            warning said so.
     """
 
     planner: Planner
@@ -94,6 +107,12 @@ class CheckmateState:
     pending: list[weakref.ref[_Pending]] = field(default_factory=list)
     outside_ddp: set[tuple[Any, ...]] = field(default_factory=set)
     warned_reentry: bool = False
+    window: StepWindow | None = None
+    window_key: tuple[Any, ...] | None = None
+    window_calls: int = 0
+    stepped: set[tuple[Any, ...]] = field(default_factory=set)
+    recompile: bool = False
+    warned_outside: bool = False
     #: the keyword arguments :func:`optimize` was called with (budget included): a copy or an
     #: unpickled module is optimized again with them
     settings: dict[str, Any] = field(default_factory=dict)
@@ -398,10 +417,31 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         out = state.eager(*args, **kwargs)
         _track_pending(state, out)
         return out
+    if state.window is not None:  # the measured step's backward is over, or never came
+        _close_window(state)
+    _CALLS[0] += 1
+    if state.recompile:  # a step measured whole exceeded the budget: room for what is outside
+        state.recompile = False
+        _compile_again(state)
+    elif state.planner.budget.nbytes is not None and key in state.eager_keys and key not in state.stepped:
+        if rank_and_world()[1] > 1:  # ranks measuring apart could decide apart to plan again (a collective)
+            state.stepped.add(key)
+        else:  # the step measured whole (checkmate.stepcheck); under a profiler, at a later call
+            state.window = open_window(_device_of(self, args, kwargs))
+            state.window_calls = _CALLS[0]
+            if state.window is not None:
+                _OPEN.add(state)
     before = len(state.planner.records)
     state.planner.begin_step(key)
-    out = _compiled_call(state, args, kwargs)
+    try:
+        out = _compiled_call(state, args, kwargs)
+    except BaseException:
+        state.window_key = None
+        _close_window(state)
+        raise
     _track_pending(state, out)
+    if state.window is not None:
+        _measure_until_backward(self, state, key, out)
     if state.planner.replan_pending:  # its graphs (graph breaks) exceeded the budget together
         state.planner.replan_pending = False
         _compile_again(state)
@@ -499,6 +539,99 @@ def _track_pending(state: CheckmateState, out: Any) -> None:
         meta["checkmate_pending"] = token
         node.register_prehook(functools.partial(_backward_reached, ref))
     state.pending.append(ref)
+
+
+def _device_of(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:
+    """The device of a call's first tensor input, else of the module's first parameter."""
+    for x in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(x, torch.Tensor):
+            return x.device
+    return next(module.parameters(), torch.empty(0)).device
+
+
+def _measure_until_backward(module: nn.Module, state: CheckmateState, key: tuple[Any, ...], out: Any) -> None:
+    """Mark in ``state.window`` the end of this call's backward: when the gradient of the
+    module's last trainable parameter is accumulated (a backward through modules before it,
+    optimized apart, is theirs), else at the end of the backward that reached its outputs.
+    The window is closed, and the planner's verdict taken, at the next optimizer step or
+    call of the module (:func:`_close_window`)."""
+    window = state.window
+    nodes = {id(n): n for t in _grad_leaves(out) if (n := t.grad_fn) is not None}
+    state.window_key = key
+    if window is None or not nodes:
+        _close_window(state)
+        return
+    params = [p for p in module.parameters() if p.requires_grad]
+    handles: list[Any] = []
+    left = [len(params)]
+
+    def accumulated(param: Any) -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            window.mark_end()
+            for h in handles:
+                h.remove()
+
+    handles.extend(p.register_post_accumulate_grad_hook(accumulated) for p in params)
+    window.handles = handles
+
+    def reached(grad_outputs: Any) -> None:  # a parameter without a gradient: the backward's end
+        if not window.ended and not window.queued:
+            window.queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(window.mark_end)
+
+    for node in nodes.values():
+        node.register_prehook(reached)
+
+
+#: the states whose window is open: closed at the next optimizer step
+_OPEN: weakref.WeakSet[CheckmateState] = weakref.WeakSet()
+#: training calls of optimized modules in this process (one counter, in a list)
+_CALLS = [0]
+
+
+def _close_window(state: CheckmateState) -> None:
+    """Close ``state.window``; a step measured over the byte budget has the module compiled
+    again at its next call with room for what was held outside it, once, and warns after."""
+    window, key = state.window, state.window_key
+    state.window = None
+    _OPEN.discard(state)
+    if window is None:
+        return
+    peak = window.close()
+    if key is None:
+        return
+    state.stepped.add(key)  # measured once (not again where the backward never came)
+    if peak is None:  # the backward never came, or ran on another thread
+        return
+    if _CALLS[0] != state.window_calls:  # another optimized module ran inside: its memory is not outside
+        log.info("the training step was not measured whole: other optimized modules run inside it")
+        return
+    verdict = state.planner.check_step(key, peak)
+    if verdict == "replan":
+        state.stepped.discard(key)
+        state.recompile = True
+    elif verdict is not None and not state.warned_outside:
+        state.warned_outside = True
+        warnings.warn(verdict, BudgetWarning, stacklevel=_caller_level())
+
+
+def _close_windows_before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """A global optimizer step pre-hook: the measured steps' backwards are over."""
+    for state in list(_OPEN):
+        if state.window is not None and state.window.ended:
+            _close_window(state)
+
+
+def _close_windows_at_exit() -> None:
+    """A profiler still running when the interpreter exits crashes it (torch 2.13)."""
+    for state in list(_OPEN):
+        state.window_key = None
+        _close_window(state)
+
+
+register_optimizer_step_pre_hook(_close_windows_before_step)
+atexit.register(_close_windows_at_exit)
 
 
 def _backward_reached(ref: weakref.ref[_Pending], grad_outputs: Any) -> None:

@@ -125,8 +125,9 @@ class MemoryTracker:
                 self.device = "cuda"
 
 
-def _allocator_peak(prof: torch.profiler.profile) -> tuple[int, int]:
-    """(peak, final) running sum of the CPU allocator's events the profiler recorded.
+def _allocator_peak(prof: torch.profiler.profile, until: str | None = None) -> tuple[int, int]:
+    """(peak, final) running sum of the CPU allocator's events the profiler recorded; with
+    ``until``, of those before the first event of that name (a ``record_function`` mark).
 
     A free counts only when its block was allocated inside the session. The CPU allocator
     reports the free of any block it saw allocated while *some* profiler ran, earlier
@@ -139,13 +140,18 @@ def _allocator_peak(prof: torch.profiler.profile) -> tuple[int, int]:
         return 0, 0
     events: list[tuple[int, int, int, int]] = []  # (time, order, ptr, bytes), CPU only
     stack = list(reversed(results.experimental_event_tree()))
+    end: int | None = None
     while stack:  # depth first, in the recorded order
         e = stack.pop()
         stack.extend(reversed(e.children))
+        if until is not None and e.name == until and (end is None or e.start_time_ns < end):
+            end = e.start_time_ns
         fields = e.extra_fields
         if isinstance(fields, _ExtraFields_Allocation) and fields.device.type == "cpu" and fields.alloc_size:
             events.append((e.start_time_ns, len(events), fields.ptr, fields.alloc_size))
     events.sort()
+    if end is not None:
+        events = [ev for ev in events if ev[0] <= end]
     live: dict[int, int] = {}
     current = peak = 0
     for _, _, ptr, nbytes in events:

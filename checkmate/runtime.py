@@ -52,6 +52,7 @@ from checkmate.distributed import agree_bytes, ddp_reserve, fsdp_reserve, plan_o
 from checkmate.families import family_target, larger_shape_budget, plan_ahead, reuse
 from checkmate.records import HELD_TO, KEEPS_ALL, PlanRecord
 from checkmate.scratch import flush_scratch, prefetch_scratch, scratch_bytes
+from checkmate.stepcheck import STEP_SLACK
 from checkmate.timers import stage
 from checkmate.trace import JointGraph, build_graph, correct_traced_dtypes, recompute_dropout_from_mask
 from solvers.api import no_plan_error
@@ -124,6 +125,13 @@ class Planner:
         check_compiled: with ``"inductor"``, measure each plan compiled and replan to fit
             (:mod:`checkmate.compiled`).
         inputs: while the backend compiles, the step's tensors it was given.
+        latest: step signature -> indices in ``records`` of the graphs its latest compile
+            made, in call order.
+        outside: step signature -> bytes the step measured beyond its plans, held by code
+            outside the module between its forward and backward (:meth:`check_step`); each
+            graph of the step is planned with that much room beside it, and a step not
+            measured yet with as much per byte of its outputs' gradients as the most any
+            step measured.
     """
 
     budget: Budget
@@ -144,6 +152,8 @@ class Planner:
     split: dict[object, tuple[tuple[int, int], ...]] = field(default_factory=dict, repr=False)
     replan_pending: bool = field(default=False, repr=False)
     inputs: Sequence[Any] | None = field(default=None, repr=False)
+    latest: dict[object, list[int]] = field(default_factory=dict, repr=False)
+    outside: dict[object, int] = field(default_factory=dict, repr=False)
 
     @property
     def plans_made(self) -> int:
@@ -222,7 +232,13 @@ class Planner:
         if compiler == "inductor" and self.check_compiled and self._can_check():
             with stage("check", spent):  # Inductor compiles the halves; they run once
                 (res, modules, paged), check = self._checked(
-                    joint, jg, (res, modules, paged), profile_id, quiet=beyond is not None
+                    joint,
+                    jg,
+                    (res, modules, paged),
+                    profile_id,
+                    # a graph planned with room for what was measured outside it: the step,
+                    # measured whole again, is what is judged (check_step)
+                    quiet=beyond is not None or self._outside_room(jg.graph) > 0,
                 )
             if beyond is not None and not check.fits:
                 if check.error is not None:
@@ -235,6 +251,7 @@ class Planner:
                 raise beyond
         out = self._record(jg, res, modules, paged, asked, reused, spent, compiler, check)
         self.call.append(len(self.records) - 1)
+        self.latest[self.step] = list(self.call)
         if self.budget.nbytes is not None and len(self.call) > 1 and not self.warned_split:
             self._check_split(profile_id)
         if log.isEnabledFor(logging.INFO):
@@ -564,7 +581,8 @@ class Planner:
         way to the next smaller one, down to the whole budget as before; :meth:`_check_split`
         then says what the step can reach."""
         before = self._held_before()
-        rooms = list(self._later_room(jg.graph))
+        outside = self._outside_room(jg.graph)  # held by code outside the module (check_step)
+        rooms = [outside + room for room in self._later_room(jg.graph)] or [outside]
         tried: set[int] = set()
         while rooms:
             reserve = before + rooms.pop(0)
@@ -580,6 +598,57 @@ class Planner:
                     if most > 0 and (not rooms or most > rooms[0]):
                         rooms.insert(0, most)
         return self._solve(jg, profile_id)
+
+    def _outside_room(self, graph: Graph) -> int:
+        """Under a byte budget, the bytes code outside the module held beside this step as
+        measured (:meth:`check_step`); for a step not measured yet, that per byte of its
+        outputs' gradients, at the most any step measured."""
+        if self.budget.nbytes is None or not self.outside:
+            return 0
+        if self.step in self.outside:
+            return self.outside[self.step]
+        rates = [
+            room / grads
+            for step, room in self.outside.items()
+            if (grads := sum(_tangent_bytes(self.records[i].joint.graph) for i in self.latest.get(step, ())))
+        ]
+        return int(max(rates, default=0.0) * _tangent_bytes(graph))
+
+    def check_step(self, step: object, peak: int) -> str | None:
+        """The verdict on a training step measured whole (:mod:`checkmate.stepcheck`) at
+        ``peak`` bytes: None when it is within the byte budget; ``"replan"`` when it is not,
+        the first time for this step: the bytes beyond what its plans hold at their
+        forward/backward boundary are held outside the module (``outside``), and the step is
+        to be compiled again with that room; else the warning to give."""
+        asked = self.budget.nbytes
+        if asked is None or peak <= STEP_SLACK * asked:
+            log.info(
+                "the training step measured %s of its budget of %s",
+                format_bytes(peak),
+                format_bytes(asked or 0),
+            )
+            return None
+        graphs = self.latest.get(step, [])
+        held = sum(_held_bytes(self.records[i])[0] for i in graphs)
+        beyond = max(peak - held, peak - asked + self.outside.get(step, 0))
+        if step not in self.outside:
+            self.outside[step] = beyond
+            log.info(
+                "the training step measured %s, over its budget of %s: about %s is held outside the "
+                "module between its forward and backward; compiling it again at the next call with that room",
+                format_bytes(peak),
+                format_bytes(asked),
+                format_bytes(beyond),
+            )
+            return "replan"
+        return (
+            f"the training step measured {format_bytes(peak)}, {peak / asked:.2f}x its budget of "
+            f"{format_bytes(asked)}: the module's plans hold {format_bytes(held)} at the end of its forward, "
+            f"and about {format_bytes(max(peak - held, 0))} more is held outside it between its forward and "
+            "backward (a loss computed on its outputs, tensors kept from them), which planning with room for "
+            f"it could not make fit. Compute the loss inside the optimized module's forward (it is then "
+            f"planned with the step), or raise the budget to {format_bytes(peak)}"
+        )
 
     def _later_room(self, graph: Graph) -> tuple[int, ...]:
         """Under a byte budget, what the graphs after this one in the call need beside it, most
@@ -763,6 +832,11 @@ def _held_bytes(record: PlanRecord) -> tuple[int, int, int]:
     )
     boundary = int(sim.timeline[first - 1]) if first > 0 else 0
     return boundary, int(sim.peak), _gradient_bytes(graph)
+
+
+def _tangent_bytes(graph: Graph) -> int:
+    """Bytes of the gradients of a graph's outputs its backward is given."""
+    return sum(n.mem for n in graph.nodes if n.op.startswith("tangents"))
 
 
 def _logged_peak(

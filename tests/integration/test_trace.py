@@ -30,6 +30,9 @@ def _joint(model: Any, *inputs: Any, **build: Any) -> tuple[fx.GraphModule, Join
     """Capture the joint graph AOTAutograd builds for one training step of ``model``
     (``build``: keywords of :func:`build_graph`)."""
     captured: dict[str, Any] = {}
+    # the models are nn.Sequential: every test compiling one shares its forward's code object,
+    # whose compiled variants (8) other test files may have used up, which runs it eagerly
+    torch._dynamo.reset()
 
     def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kw: Any) -> Any:
         captured["jg"] = build_graph(joint, num_fwd_outputs, lambda nodes: [1.0] * len(nodes), **build)

@@ -1,0 +1,100 @@
+"""The training step measured whole, once per input signature, under a byte budget.
+
+A plan bounds the optimized module's forward and backward. Code outside the module holds
+memory between the two: a loss computed on the module's outputs keeps their float copy, a
+softmax and its gradient, tensors kept for logging. For a language model whose logits leave
+the module that is several logits-sized tensors beside every activation the plan kept: a
+Hugging Face GPT-2 (2 layers, 2000-word vocabulary) with its cross-entropy outside, at 0.6
+of eager's peak, measured 1.24x its byte budget, with no warning.
+
+So the second call of each input signature (the first runs the compile) is measured from
+the start of its forward to the end of its backward (the gradient of its last parameter
+accumulated: the backward of modules before it, optimized apart, is theirs). On CUDA the end reads
+``max_memory_allocated`` (its peak statistics are reset at the start). On the CPU only the
+allocator's events see every allocation, and they come from a profiler: one is started at
+the forward (not when another one runs: profilers do not nest), the end of the backward is
+marked in it, and it is stopped at the next optimizer step or call of the module, whichever
+comes first. (It cannot be stopped inside the backward: autograd restores the profiler state
+it captured when the backward started.) A step over the budget has the module planned again
+with the excess as room (:mod:`checkmate.api`), and warns when that does not fit either.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from checkmate.memory import _allocator_peak
+
+__all__ = ["STEP_SLACK", "StepWindow", "open_window"]
+
+#: a measured step within this factor of the budget counts as within it (allocator rounding)
+STEP_SLACK = 1.02
+
+#: the name of the profiler mark at the end of the measured backward
+_END = "checkmate::step_end"
+
+
+@dataclass
+class StepWindow:
+    """One training step being measured, from its forward's start to its backward's end."""
+
+    device: str
+    thread: int = field(default_factory=threading.get_ident)
+    profiler: torch.profiler.profile | None = None
+    cuda_before: int = 0
+    cuda_peak: int | None = None
+    ended: bool = False
+    queued: bool = False
+    handles: list[Any] = field(default_factory=list)
+
+    def mark_end(self) -> None:
+        """The backward that reaches the module has ended (from an autograd callback)."""
+        if self.ended:
+            return
+        self.ended = True
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            self.cuda_peak = int(torch.cuda.max_memory_allocated()) - self.cuda_before
+        else:
+            with torch.profiler.record_function(_END):
+                pass
+
+    def close(self) -> int | None:
+        """Stop measuring: the step's peak bytes beyond what was live at its start, or None
+        when its backward did not end (a step whose output was dropped) or it cannot be read
+        here (a thread other than the forward's)."""
+        prof, self.profiler = self.profiler, None
+        for handle in self.handles:  # hooks of a backward that did not reach every parameter
+            handle.remove()
+        self.handles = []
+        if self.device == "cuda":
+            return self.cuda_peak
+        if prof is None or threading.get_ident() != self.thread:
+            return None
+        prof.__exit__(None, None, None)
+        if not self.ended:
+            return None
+        return _allocator_peak(prof, until=_END)[0]
+
+
+def open_window(device: torch.device) -> StepWindow | None:
+    """Start measuring a step on ``device``; None where it cannot be or should not be (a
+    profiler runs already: profilers do not nest, and on CUDA it may be measuring the step
+    with the peak statistics this would reset)."""
+    if torch._C._autograd._profiler_enabled():  # the step is being measured already
+        return None
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return StepWindow("cuda", cuda_before=int(torch.cuda.memory_allocated()))
+    if device.type != "cpu":
+        return None
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # before kineto starts: no start/stop lines
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+    prof.__enter__()
+    return StepWindow("cpu", profiler=prof)
