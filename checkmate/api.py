@@ -404,6 +404,9 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             _warn_if_backpropagated(self, state, out)
         return out
     key = _signature(args, kwargs)
+    if state.window is not None:  # the measured step's backward is over, or never came
+        _close_window(state)
+    _CALLS[0] += 1
     if state.pending:
         _check_reentry(self, state)
     if state.outside_ddp and key in state.outside_ddp and active_ddp_module() is not None:
@@ -417,9 +420,6 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         out = state.eager(*args, **kwargs)
         _track_pending(state, out)
         return out
-    if state.window is not None:  # the measured step's backward is over, or never came
-        _close_window(state)
-    _CALLS[0] += 1
     if state.recompile:  # a step measured whole exceeded the budget: room for what is outside
         state.recompile = False
         _compile_again(state)
@@ -440,6 +440,9 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         _close_window(state)
         raise
     _track_pending(state, out)
+    if state.window is not None and len(state.planner.records) > before:
+        state.window_key = None  # it compiled (a guard Dynamo keys on, e.g. autocast): no measure
+        _close_window(state)
     if state.window is not None:
         _measure_until_backward(self, state, key, out)
     if state.planner.replan_pending:  # its graphs (graph breaks) exceeded the budget together
@@ -494,6 +497,7 @@ _INTERNAL = (
     os.path.dirname(os.path.abspath(__file__)) + os.sep,
     os.path.dirname(os.path.abspath(nn.__file__)) + os.sep,
     os.path.dirname(os.path.abspath(torch._dynamo.__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(torch.optim.__file__)) + os.sep,  # a warning at the optimizer step
 )
 
 
@@ -772,7 +776,17 @@ def _subclass(cls: type) -> type:
 
 def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     """A hashable key of what makes torch.compile specialize: tensor shapes, dtypes,
-    devices and requires_grad; other arguments by value (or type when unhashable)."""
+    devices and requires_grad; other arguments by value (or type when unhashable); and
+    ``torch.autocast``, under which the same inputs make another graph."""
+    key = _inputs_signature(args, kwargs)
+    if torch._C._is_any_autocast_enabled():
+        amp = tuple((d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d))
+        key = (*key, ("autocast", amp))
+    return key
+
+
+def _inputs_signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """:func:`_signature` of the inputs."""
     if not kwargs and all(type(a) is torch.Tensor or type(a) is nn.Parameter for a in args):
         # the common call, model(x) or model(x, y): no pytree walk (every step passes here)
         return ("tensors", *((tuple(a.shape), a.dtype, a.device, a.requires_grad) for a in args))
