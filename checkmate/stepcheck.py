@@ -13,9 +13,12 @@ accumulated: the backward of modules before it, optimized apart, is theirs). On 
 ``max_memory_allocated`` (its peak statistics are reset at the start). On the CPU only the
 allocator's events see every allocation, and they come from a profiler: one is started at
 the forward (not when another one runs: profilers do not nest), the end of the backward is
-marked in it, and it is stopped at the next optimizer step or call of the module, whichever
-comes first. (It cannot be stopped inside the backward: autograd restores the profiler state
-it captured when the backward started.) A step over the budget has the module planned again
+marked in it, and it is stopped at the next optimizer step or call of an optimized module,
+whichever comes first, or at exit. (It cannot be stopped inside the backward: autograd
+restores the profiler state it captured when the backward started.) Planning and
+:func:`checkmate.memory.measure_peak` first abort any window still open (:func:`abort_windows`):
+they must not run inside a profiler they did not start, and the step is measured at a later
+call instead. A step over the budget has the module planned again
 with the excess as room (:mod:`checkmate.api`), and warns when that does not fit either.
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +34,7 @@ import torch
 
 from checkmate.memory import _allocator_peak
 
-__all__ = ["STEP_SLACK", "StepWindow", "open_window"]
+__all__ = ["STEP_SLACK", "StepWindow", "abort_windows", "open_window"]
 
 #: a measured step within this factor of the budget counts as within it (allocator rounding)
 STEP_SLACK = 1.02
@@ -39,7 +43,7 @@ STEP_SLACK = 1.02
 _END = "checkmate::step_end"
 
 
-@dataclass
+@dataclass(eq=False)  # identity: held in a weak set
 class StepWindow:
     """One training step being measured, from its forward's start to its backward's end."""
 
@@ -50,6 +54,7 @@ class StepWindow:
     cuda_peak: int | None = None
     ended: bool = False
     queued: bool = False
+    aborted: bool = False
     handles: list[Any] = field(default_factory=list)
 
     def mark_end(self) -> None:
@@ -69,17 +74,32 @@ class StepWindow:
         when its backward did not end (a step whose output was dropped) or it cannot be read
         here (a thread other than the forward's)."""
         prof, self.profiler = self.profiler, None
+        _OPEN.discard(self)
         for handle in self.handles:  # hooks of a backward that did not reach every parameter
             handle.remove()
         self.handles = []
         if self.device == "cuda":
-            return self.cuda_peak
+            return None if self.aborted else self.cuda_peak
         if prof is None or threading.get_ident() != self.thread:
             return None
         prof.__exit__(None, None, None)
-        if not self.ended:
+        if not self.ended or self.aborted:
             return None
         return _allocator_peak(prof, until=_END)[0]
+
+
+#: the windows open in this process (held by the modules that opened them)
+_OPEN: weakref.WeakSet[StepWindow] = weakref.WeakSet()
+
+
+def abort_windows() -> None:
+    """Stop every open window without a measurement, to be taken again at a later step:
+    planning, or a measurement of the caller's (``measure_peak``), is about to run, and it
+    must not run inside a profiler it did not start (it would plan unchecked, or measure
+    with the wrong method)."""
+    for window in list(_OPEN):
+        window.aborted = True
+        window.close()
 
 
 def open_window(device: torch.device) -> StepWindow | None:
@@ -91,10 +111,14 @@ def open_window(device: torch.device) -> StepWindow | None:
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        return StepWindow("cuda", cuda_before=int(torch.cuda.memory_allocated()))
+        window = StepWindow("cuda", cuda_before=int(torch.cuda.memory_allocated()))
+        _OPEN.add(window)
+        return window
     if device.type != "cpu":
         return None
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # before kineto starts: no start/stop lines
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
     prof.__enter__()
-    return StepWindow("cpu", profiler=prof)
+    window = StepWindow("cpu", profiler=prof)
+    _OPEN.add(window)
+    return window

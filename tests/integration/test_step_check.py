@@ -111,3 +111,36 @@ def test_modules_optimized_apart_are_not_measured_as_each_others_outside() -> No
             sgd.zero_grad()
     assert not [w for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
     assert [len(plans_of(o)) for o in opts] == [1, 1]  # neither compiled again
+
+
+def test_a_step_left_measured_does_not_leave_a_profiler_running_under_a_later_plan_or_measurement(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a loop without an optimizer step leaves the window open after the backward: planning
+    # another model, or measure_peak, must not run inside that profiler (Inductor's compiled
+    # check cannot measure inside one, and measure_peak would fall back to another method)
+    from checkmate.memory import MemoryTracker
+    from checkmate.runtime import Planner
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 32)
+    first = checkmate.optimize(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)), 10**6)
+    for _ in range(2):
+        first(x).pow(2).sum().backward()
+    assert torch._C._autograd._profiler_enabled()  # the second call is being measured
+    with MemoryTracker() as tracker:
+        pass
+    assert tracker.method == "allocator" and not torch._C._autograd._profiler_enabled()
+    first(x).pow(2).sum().backward()  # measured at this call instead
+    assert torch._C._autograd._profiler_enabled()
+    seen: list[bool] = []
+    original = Planner._trace
+
+    def trace(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(torch._C._autograd._profiler_enabled())  # while the graph is timed
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Planner, "_trace", trace)
+    second = checkmate.optimize(nn.Sequential(nn.Linear(32, 32), nn.GELU()), 10**6)
+    second(x).sum().backward()
+    assert seen == [False]
