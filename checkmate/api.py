@@ -598,6 +598,8 @@ def _close_window(state: CheckmateState) -> None:
     """Close ``state.window``; a step measured over the byte budget has the module compiled
     again at its next call with room for what was held outside it, once, and warns after."""
     window, key = state.window, state.window_key
+    if window is not None and not window.closable():  # its profiler's thread closes it
+        return
     state.window = None
     _OPEN.discard(state)
     if window is None:
@@ -606,7 +608,7 @@ def _close_window(state: CheckmateState) -> None:
     if key is None or window.aborted:  # planning or a measurement of the caller's came first
         return
     state.stepped.add(key)  # measured once (not again where the backward never came)
-    if peak is None:  # the backward never came, or ran on another thread
+    if peak is None:  # the backward never came
         return
     if _CALLS[0] != state.window_calls:  # another optimized module ran inside: its memory is not outside
         log.info("the training step was not measured whole: other optimized modules run inside it")

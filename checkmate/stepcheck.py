@@ -69,10 +69,16 @@ class StepWindow:
             with torch.profiler.record_function(_END):
                 pass
 
+    def closable(self) -> bool:
+        """False on a thread other than the one that started its profiler, which only that
+        one can stop."""
+        return self.profiler is None or threading.get_ident() == self.thread
+
     def close(self) -> int | None:
-        """Stop measuring: the step's peak bytes beyond what was live at its start, or None
-        when its backward did not end (a step whose output was dropped) or it cannot be read
-        here (a thread other than the forward's)."""
+        """Stop measuring (:meth:`closable` first): the step's peak bytes beyond what was
+        live at its start, or None when its backward did not end (a step whose output was
+        dropped) or it was aborted."""
+        assert self.closable()
         prof, self.profiler = self.profiler, None
         _OPEN.discard(self)
         for handle in self.handles:  # hooks of a backward that did not reach every parameter
@@ -80,7 +86,7 @@ class StepWindow:
         self.handles = []
         if self.device == "cuda":
             return None if self.aborted else self.cuda_peak
-        if prof is None or threading.get_ident() != self.thread:
+        if prof is None:
             return None
         prof.__exit__(None, None, None)
         if not self.ended or self.aborted:
@@ -98,8 +104,9 @@ def abort_windows() -> None:
     must not run inside a profiler it did not start (it would plan unchecked, or measure
     with the wrong method)."""
     for window in list(_OPEN):
-        window.aborted = True
-        window.close()
+        if window.closable():
+            window.aborted = True
+            window.close()
 
 
 def open_window(device: torch.device) -> StepWindow | None:
