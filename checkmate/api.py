@@ -43,7 +43,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from checkmate.distributed import active_ddp_module, check_fsdp_order, rank_and_world
 from checkmate.runtime import COMPILERS, UNCHECKED, BudgetWarning, Planner, PlanRecord, log
-from checkmate.stepcheck import StepWindow, open_window
+from checkmate.stepcheck import StepWindow, abort_windows, open_window
 from solvers.budget import BudgetSpec, parse_budget
 from solvers.errors import CheckmateError, TraceError
 from solvers.strategies import check_options
@@ -431,6 +431,7 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             state.window_calls = _CALLS[0]
             if state.window is not None:
                 _OPEN.add(state)
+                weakref.finalize(state, state.window.abort)  # a module dropped mid-measurement
     before = len(state.planner.records)
     state.planner.begin_step(key)
     try:
@@ -634,6 +635,7 @@ def _close_windows_at_exit() -> None:
     for state in list(_OPEN):
         state.window_key = None
         _close_window(state)
+    abort_windows()  # those of modules garbage-collected meanwhile
 
 
 register_optimizer_step_pre_hook(_close_windows_before_step)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +73,12 @@ class StepWindow:
         one can stop."""
         return self.profiler is None or threading.get_ident() == self.thread
 
+    def abort(self) -> None:
+        """Stop measuring, with no measurement (where :meth:`closable`)."""
+        if self.closable():
+            self.aborted = True
+            self.close()
+
     def close(self) -> int | None:
         """Stop measuring (:meth:`closable` first): the step's peak bytes beyond what was
         live at its start, or None when its backward did not end (a step whose output was
@@ -94,8 +99,9 @@ class StepWindow:
         return _allocator_peak(prof, until=_END)[0]
 
 
-#: the windows open in this process (held by the modules that opened them)
-_OPEN: weakref.WeakSet[StepWindow] = weakref.WeakSet()
+#: the windows open in this process, held here until closed: a profiler dropped unstopped
+#: (its module garbage-collected) stays enabled, and every later check would find it running
+_OPEN: set[StepWindow] = set()
 
 
 def abort_windows() -> None:
@@ -104,9 +110,7 @@ def abort_windows() -> None:
     must not run inside a profiler it did not start (it would plan unchecked, or measure
     with the wrong method)."""
     for window in list(_OPEN):
-        if window.closable():
-            window.aborted = True
-            window.close()
+        window.abort()
 
 
 def open_window(device: torch.device) -> StepWindow | None:

@@ -144,3 +144,21 @@ def test_a_step_left_measured_does_not_leave_a_profiler_running_under_a_later_pl
     second = checkmate.optimize(nn.Sequential(nn.Linear(32, 32), nn.GELU()), 10**6)
     second(x).sum().backward()
     assert seen == [False]
+
+
+def test_a_module_dropped_while_its_step_is_measured_stops_the_profiler() -> None:
+    # a module garbage-collected with its window open (a test's, a notebook cell's) must not
+    # leave the profiler enabled: Inductor's compiled check cannot measure inside one
+    import gc
+
+    x = torch.randn(64, 32)
+
+    def train() -> None:
+        opt = checkmate.optimize(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)), 10**6)
+        for _ in range(2):
+            opt(x).pow(2).sum().backward()
+        assert torch._C._autograd._profiler_enabled()  # its second call is being measured
+
+    train()
+    gc.collect()
+    assert not torch._C._autograd._profiler_enabled()
