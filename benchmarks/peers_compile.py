@@ -426,7 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument(
-        "--budgets", default=",".join(f"{b:g}" for b in BUDGETS), help="activation_memory_budget values"
+        "--budgets",
+        default=",".join(f"{b:g}" for b in BUDGETS),
+        help="activation_memory_budget values ('' for none: torch.compile and checkmate at 1.0 only)",
     )
     p.add_argument("--quick", action="store_true", help="tiny models, 3 pairs, 1 warm-up (a CPU check)")
     p.add_argument("--pairs", type=int, default=None, help="timed pairs per row (default 20; 3 with --quick)")
@@ -457,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(
         models=tuple(a.models.split(",")),
         device=a.device,
-        budgets=tuple(float(x) for x in a.budgets.split(",")),
+        budgets=tuple(float(x) for x in a.budgets.split(",") if x.strip()),
     )
     if a.quick:
         cfg = replace(cfg, size="tiny", pairs=3, warmup=1, time_limit=5.0)
