@@ -1,8 +1,9 @@
 """Scratch space: the bytes an op allocates and frees while it runs, beyond its outputs.
 
 Measured once per op signature and device by running the op on random inputs of its
-traced shapes under :func:`checkmate.memory.measure_peak` (random and mutating ops: 0, they
-must not run outside the step). Measurements persist like op times
+traced shapes and strides (:func:`checkmate.eager.real_like`) under
+:func:`checkmate.memory.measure_peak` (mutating ops: 0, they must not run outside the step; a
+random op runs on a copy of the generators' states, :func:`torch.random.fork_rng`). Measurements persist like op times
 (:mod:`checkmate.devcache`), in ``<cache dir>/scratch/<device tag>.json``;
 :func:`flush_scratch` writes the new ones. Sizes are rounded, so that allocator noise
 cannot change the graph (and with it the plan-cache key) from one process to the next.
@@ -39,8 +40,8 @@ import torch
 import torch.fx as fx
 
 from checkmate.devcache import DeviceTable
-from checkmate.eager import real_tensors
-from checkmate.ops import host_placed, is_mutation, is_random_node, is_view
+from checkmate.eager import real_like, real_tensors
+from checkmate.ops import host_placed, is_mutation, is_view
 from checkmate.timing import ProfileWarning, device_tag
 
 __all__ = ["SCRATCH", "scratch_bytes", "prefetch_scratch", "flush_scratch"]
@@ -122,10 +123,12 @@ def _unmeasurable(node: fx.Node, exc: RuntimeError) -> int:
 
 def _signature(node: fx.Node, any_layout: bool = False) -> tuple[str, str, object] | None:
     """``(key, device tag, traced args and kwargs)`` of an op whose scratch is measured; None
-    for the others (no aten op, random or mutating, a view: it allocates nothing). A
-    convolution measured over every layout (``any_layout``) has a key of its own."""
+    for the others (no aten op, a mutating one, a view: it allocates nothing). A random op is
+    measured too, its draws made from a copy of the generators' states (:func:`_measure_once`):
+    counted as 0 before, the CPU's ``native_dropout`` of a float activation allocates one more
+    beside its outputs (its mask is drawn in floats). A convolution measured over every layout (``any_layout``) has a key of its own."""
     target = node.target
-    if not isinstance(target, torch._ops.OpOverload) or is_mutation(target) or is_random_node(node):
+    if not isinstance(target, torch._ops.OpOverload) or is_mutation(target):
         return None
     if is_view(target):
         return None
@@ -184,29 +187,27 @@ def _measure_once(target: Any, vals: object, channels_last: frozenset[int]) -> i
     from checkmate.memory import measure_peak
 
     def real(x: object, i: int) -> object:
-        if isinstance(x, torch.Tensor):
-            if x.dtype.is_floating_point:
-                t = torch.randn(x.shape, dtype=x.dtype, device=x.device)
-            else:
-                t = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
-            return t.to(memory_format=torch.channels_last) if i in channels_last else t
-        return x
+        return real_like(x, channels_last=i in channels_last) if isinstance(x, torch.Tensor) else x
 
     leaves, spec = torch.utils._pytree.tree_flatten(vals)
-    args, kwargs = torch.utils._pytree.tree_unflatten([real(x, i) for i, x in enumerate(leaves)], spec)
-    args, kwargs = host_placed(target, tuple(args), dict(kwargs))
+    cuda = sorted({x.device for x in leaves if isinstance(x, torch.Tensor) and x.is_cuda}, key=str)
     out: list[object] = [None]
+    # the random inputs, and a random op's draws, come from a copy of the generators' states:
+    # the user's next draws (the step's dropout) stay those of eager
+    with torch.random.fork_rng(devices=cuda):
+        args, kwargs = torch.utils._pytree.tree_unflatten([real(x, i) for i, x in enumerate(leaves)], spec)
+        args, kwargs = host_placed(target, tuple(args), dict(kwargs))
 
-    def run() -> None:
-        out[0] = target(*args, **kwargs)
+        def run() -> None:
+            out[0] = target(*args, **kwargs)
 
-    if any(isinstance(x, torch.Tensor) and x.is_cuda for x in leaves):
-        # a CUDA op's first call can allocate what it keeps for later calls (cuBLAS's
-        # workspace, taken from the caching allocator at the first matrix product on a
-        # stream): that is no scratch of this op's
-        run()
-        out[0] = None
-    peak = measure_peak(run)
+        if cuda:
+            # a CUDA op's first call can allocate what it keeps for later calls (cuBLAS's
+            # workspace, taken from the caching allocator at the first matrix product on a
+            # stream): that is no scratch of this op's
+            run()
+            out[0] = None
+        peak = measure_peak(run)
     produced = sum(
         _held_bytes(t) for t in torch.utils._pytree.tree_leaves(out[0]) if isinstance(t, torch.Tensor)
     )
@@ -228,16 +229,20 @@ def _held_bytes(t: torch.Tensor) -> int:
 
 
 def _describe(x: object) -> object:
+    """A tensor's part of an op's key: shape, dtype, device, and its strides where they are
+    not the contiguous ones (an op's scratch can depend on them: :func:`checkmate.eager.real_like`)."""
     if isinstance(x, torch.Tensor):
-        return (tuple(x.shape), str(x.dtype), str(x.device))
+        layout = () if x.is_contiguous() else (tuple(int(s) for s in x.stride()),)
+        return (tuple(x.shape), str(x.dtype), str(x.device), *layout)
     return x
 
 
 @dataclass(frozen=True)
 class _Spec:
-    """A tensor argument, for the worker: it makes a random one of this shape and dtype."""
+    """A tensor argument, for the worker: it makes a random one of this shape, dtype and strides."""
 
     shape: tuple[int, ...]
+    stride: tuple[int, ...]
     dtype: torch.dtype
 
 
@@ -257,7 +262,11 @@ def _measure_in_worker(
     jobs: list[tuple[tuple[str, str], bytes]] = []
     for k, (node, vals) in todo.items():
         spec = torch.utils._pytree.tree_map(
-            lambda x: _Spec(tuple(int(d) for d in x.shape), x.dtype) if isinstance(x, torch.Tensor) else x,
+            lambda x: (
+                _Spec(tuple(int(d) for d in x.shape), tuple(int(d) for d in x.stride()), x.dtype)
+                if isinstance(x, torch.Tensor)
+                else x
+            ),
             vals,
         )
         try:
@@ -296,7 +305,10 @@ def _worker_main() -> None:
             ns, op, overload = name.split(".")
             target = getattr(getattr(getattr(torch.ops, ns), op), overload)
             vals = torch.utils._pytree.tree_map(
-                lambda x: torch.empty(x.shape, dtype=x.dtype) if isinstance(x, _Spec) else x, spec
+                lambda x: (
+                    torch.empty_strided(x.shape, x.stride, dtype=x.dtype) if isinstance(x, _Spec) else x
+                ),
+                spec,
             )
             answers.append(_measure(target, vals, any_layout))
         except Exception:

@@ -64,7 +64,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from checkmate.eager import real_tensors
+from checkmate.eager import real_like, real_tensors
 from checkmate.ops import is_mutation, is_random_node, is_view_node, through_views, writes_input
 from checkmate.placement import accumulates_into, backward_only, deferrable, lazy_order
 from solvers.errors import TraceError
@@ -230,16 +230,9 @@ def _kernel_dtypes(target: torch._ops.OpOverload, ins: Any) -> tuple[torch.dtype
     like ``ins`` (its traced args and kwargs); None when it does not run."""
     key = repr((target, torch.utils._pytree.tree_map(_signature_of, ins)))
     if key not in _KERNEL_DTYPES:
-
-        def real(x: object) -> object:
-            if not isinstance(x, torch.Tensor):
-                return x
-            if x.dtype.is_floating_point:
-                return torch.randn(x.shape, dtype=x.dtype)
-            return torch.zeros(x.shape, dtype=x.dtype)
-
         try:
             with real_tensors():
+                real = lambda x: real_like(x) if isinstance(x, torch.Tensor) else x  # noqa: E731
                 args, kwargs = torch.utils._pytree.tree_map(real, ins)
                 out = target(*args, **kwargs)
             _KERNEL_DTYPES[key] = tuple(o.dtype if isinstance(o, torch.Tensor) else None for o in out)
