@@ -1,12 +1,20 @@
-"""Helpers of the two-rank (gloo, CPU) tests: a free port, and training a planned model
-beside its eager twin on the same batches."""
+"""Helpers of the two-rank (gloo, CPU) tests: a free port, ranks started with a deadline,
+and training a planned model beside its eager twin on the same batches."""
 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Callable
+from typing import Any
 
+import pytest
 import torch
+
+#: seconds a test's ranks may run before they are killed and the test fails (each takes
+#: 10-60 s on 2 cores; once, under load, one rank of a finished test never exited, and the
+#: suite hung until the CI run was stopped)
+RANKS_DEADLINE = 300.0
 
 
 def free_port() -> int:
@@ -14,6 +22,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def spawn(
+    fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, deadline: float = RANKS_DEADLINE
+) -> None:
+    """``torch.multiprocessing.spawn(fn, args, nprocs)``, with ranks still running after
+    ``deadline`` seconds killed and the test failed, naming them, instead of a hung suite. A
+    rank that raised fails the test as under ``spawn``."""
+    ctx = torch.multiprocessing.start_processes(
+        fn, args=args, nprocs=nprocs, join=False, start_method="spawn"
+    )
+    end = time.monotonic() + deadline
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > end:
+            alive = [k for k, p in enumerate(ctx.processes) if p.is_alive()]
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            pytest.fail(f"rank(s) {alive} of {fn.__name__} still running after {deadline:.0f} s: killed")
 
 
 def train_twins(

@@ -14,6 +14,7 @@ import copy
 import json
 import os
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.integration._dist import free_port, train_twins
+from tests.integration._dist import free_port, spawn, train_twins
 
 pytestmark = [pytest.mark.torch, pytest.mark.skipif(sys.platform == "win32", reason="gloo on Linux/macOS")]
 
@@ -115,7 +116,7 @@ def _train(rank: int, kind: str, out: str) -> None:
 def test_ddp_around_an_optimized_model_trains_like_eager_ddp_within_the_budget(
     kind: str, tmp_path: Path
 ) -> None:
-    torch.multiprocessing.spawn(_worker, args=(kind, free_port(), str(tmp_path)), nprocs=WORLD)
+    spawn(_worker, (kind, free_port(), str(tmp_path)), WORLD)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     for r, doc in enumerate(ranks):
         assert doc["plans"] >= 1 and doc["recomputes"] > 0, f"rank {r}: nothing was recomputed"
@@ -152,7 +153,7 @@ def _mismatch_worker(rank: int, port: int, out: str) -> None:
 
 
 def test_a_rank_that_cannot_use_rank_0s_plan_fails_every_rank_at_once(tmp_path: Path) -> None:
-    torch.multiprocessing.spawn(_mismatch_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD)
+    spawn(_mismatch_worker, (free_port(), str(tmp_path)), WORLD)
     for r in range(WORLD):
         text = (tmp_path / f"rank{r}.txt").read_text()
         assert "rank 1: PlanError" in text and "fingerprint mismatch" in text, f"rank {r}: {text}"
@@ -197,7 +198,7 @@ def test_ranks_asking_different_budgets_all_run_the_plan_for_the_smallest(tmp_pa
     graph = chain(8, mem=10, training=True)
     own = [solve(graph, Budget(nbytes=b), "ilp") for b in ASKED]
     assert own[0].peak > ASKED[1], "the budgets are too close: rank 0's own plan would fit rank 1's"
-    torch.multiprocessing.spawn(_budgets_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD)
+    spawn(_budgets_worker, (free_port(), str(tmp_path)), WORLD)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     for r, doc in enumerate(ranks):
         assert doc["budget"] == min(ASKED) and doc["peak"] <= min(ASKED), f"rank {r}: {doc}"
@@ -287,7 +288,7 @@ def test_ddp_graph_splits_hold_a_byte_budget_or_say_they_cannot(tmp_path: Path, 
     for share, fits in ((1.05, True), (0.95, False)):
         out = tmp_path / f"{share}"
         out.mkdir()
-        torch.multiprocessing.spawn(_split_worker, args=(free_port(), str(out), share, example), nprocs=WORLD)
+        spawn(_split_worker, (free_port(), str(out), share, example), WORLD)
         for r in range(WORLD):
             doc = json.loads((out / f"rank{r}.json").read_text())
             # the two graphs of the split, maybe twice (and the one graph planned before DDP)
@@ -302,3 +303,15 @@ def test_ddp_graph_splits_hold_a_byte_budget_or_say_they_cannot(tmp_path: Path, 
                 assert any(
                     "DDP's gradient buckets split this step into 2 graphs" in w for w in doc["warnings"]
                 )
+
+
+def _asleep(rank: int) -> None:
+    time.sleep(600)
+
+
+def test_ranks_still_running_at_their_deadline_are_killed_and_fail_the_test() -> None:
+    # what keeps a rank that never exits from hanging the suite (it did once, in CI)
+    t0 = time.monotonic()
+    with pytest.raises(pytest.fail.Exception, match=r"rank\(s\) \[0, 1\] of _asleep still running"):
+        spawn(_asleep, (), 2, deadline=2.0)
+    assert time.monotonic() - t0 < 60

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.integration._dist import free_port, train_twins
+from tests.integration._dist import free_port, spawn, train_twins
 
 pytestmark = [pytest.mark.torch, pytest.mark.skipif(sys.platform == "win32", reason="gloo on Linux/macOS")]
 
@@ -139,7 +139,7 @@ def _wrong_orders() -> dict[str, str]:
 
 
 def test_fsdp2_per_block_plans_train_like_eager_fsdp2_within_the_budget(tmp_path: Path) -> None:
-    torch.multiprocessing.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD)
+    spawn(_worker, (free_port(), str(tmp_path)), WORLD)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     for r, doc in enumerate(ranks):
         assert len(doc["recomputes"]) == 2 and min(doc["recomputes"]) > 0, f"rank {r}: {doc['recomputes']}"
@@ -156,7 +156,7 @@ def test_fsdp2_per_block_plans_train_like_eager_fsdp2_within_the_budget(tmp_path
 
 
 def test_fsdp2_orders_that_cannot_be_planned_raise_and_name_the_supported_one(tmp_path: Path) -> None:
-    torch.multiprocessing.spawn(_error_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD)
+    spawn(_error_worker, (free_port(), str(tmp_path)), WORLD)
     for r in range(WORLD):
         got = json.loads((tmp_path / f"errors{r}.json").read_text())
         assert "applied to a submodule" in got["optimize_then_shard"], got
