@@ -245,9 +245,10 @@ class Planner:
                 if check.error is not None:
                     beyond.add_note(f"Its compiled step, which may fit, could not be measured: {check.error}")
                 else:
+                    tried = ", ".join(format_bytes(r.measured or 0) for r in check.rounds)
                     beyond.add_note(
                         f"Compiled by Inductor at the least peak the graph model found, the step measured "
-                        f"{format_bytes(check.measured or 0)}"
+                        f"{format_bytes(check.measured or 0)} (plans measured: {tried})"
                     )
                 raise beyond
         out = self._record(jg, res, modules, paged, asked, reused, spent, compiler, check)
