@@ -3,8 +3,9 @@
 Measured once per op signature and device by running the op on random inputs of its
 traced shapes and strides (:func:`checkmate.eager.real_like`) under
 :func:`checkmate.memory.measure_peak` (mutating ops: 0, they must not run outside the step; a
-random op runs on a copy of the generators' states, :func:`torch.random.fork_rng`). Measurements persist like op times
-(:mod:`checkmate.devcache`), in ``<cache dir>/scratch/<device tag>.json``;
+random op runs on a copy of the generators' states, :func:`torch.random.fork_rng`).
+Measurements persist like op times (:mod:`checkmate.devcache`), in
+``<cache dir>/scratch/<device tag>.json``;
 :func:`flush_scratch` writes the new ones. Sizes are rounded, so that allocator noise
 cannot change the graph (and with it the plan-cache key) from one process to the next.
 
@@ -125,8 +126,9 @@ def _signature(node: fx.Node, any_layout: bool = False) -> tuple[str, str, objec
     """``(key, device tag, traced args and kwargs)`` of an op whose scratch is measured; None
     for the others (no aten op, a mutating one, a view: it allocates nothing). A random op is
     measured too, its draws made from a copy of the generators' states (:func:`_measure_once`):
-    counted as 0 before, the CPU's ``native_dropout`` of a float activation allocates one more
-    beside its outputs (its mask is drawn in floats). A convolution measured over every layout (``any_layout``) has a key of its own."""
+    counted as 0 before, the CPU's ``native_dropout`` allocates one more float activation
+    beside its outputs (262,144 B on a 64x1024 input). A convolution measured over every
+    layout (``any_layout``) has a key of its own."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload) or is_mutation(target):
         return None
