@@ -215,3 +215,35 @@ def test_a_plan_the_compiled_check_solved_at_more_bytes_carries_over_at_that_rat
         **{**vars(checked), "compiled": Calibration(0, (Round(solved, solved, solved),), held)}
     )
     assert reuse(small, keep_all_peak(small), [over], [0], target) is None  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("start_frozen", [True, False], ids=["unfreeze", "freeze"])
+def test_parameters_frozen_or_unfrozen_mid_training_are_planned_again_with_eager_gradients(
+    start_frozen: bool,
+) -> None:
+    """Fine-tuning schedules change ``requires_grad`` between steps (a backbone frozen, then
+    trained): the step is planned again, and the gradients equal eager's at every step; a
+    parameter unfrozen gets its gradient, a frozen one none."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
+    twin = copy.deepcopy(model)
+    for m in (model, twin):
+        for p in m[0].parameters():  # type: ignore[index]
+            p.requires_grad_(not start_frozen)
+    opt = checkmate.optimize(model, 0.85, time_limit=3)
+    x, y = torch.randn(1024, 64), torch.randint(0, 10, (1024,))
+    for phase in range(2):
+        for m in (model, twin):
+            m.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(opt(x), y).backward()
+        nn.functional.cross_entropy(twin(x), y).backward()
+        trained = start_frozen == (phase == 1)
+        assert all((p.grad is not None) == trained for p in model[0].parameters()), phase  # type: ignore[index]
+        for p, q in zip(model.parameters(), twin.parameters()):
+            assert (p.grad is None) == (q.grad is None)
+            if p.grad is not None:
+                assert torch.equal(p.grad, q.grad), phase
+        for m in (model, twin):
+            for p in m[0].parameters():  # type: ignore[index]
+                p.requires_grad_(start_frozen)
+    assert len(checkmate.plans_of(opt)) == 2
