@@ -1,10 +1,9 @@
 """Scratch space: the bytes an op allocates and frees while it runs, beyond its outputs.
 
 Measured once per op signature and device by running the op on random inputs of its
-traced shapes and strides (:func:`checkmate.eager.real_like`) under
-:func:`checkmate.memory.measure_peak` (mutating ops: 0, they must not run outside the step; a
-random op runs on a copy of the generators' states, :func:`torch.random.fork_rng`).
-Measurements persist like op times (:mod:`checkmate.devcache`), in
+traced shapes and strides (:func:`checkmate.eager.real_like`, drawn from a copy of the
+generators' states) under :func:`checkmate.memory.measure_peak` (random and mutating ops: 0,
+they must not run outside the step). Measurements persist like op times (:mod:`checkmate.devcache`), in
 ``<cache dir>/scratch/<device tag>.json``;
 :func:`flush_scratch` writes the new ones. Sizes are rounded, so that allocator noise
 cannot change the graph (and with it the plan-cache key) from one process to the next.
@@ -42,7 +41,7 @@ import torch.fx as fx
 
 from checkmate.devcache import DeviceTable
 from checkmate.eager import real_like, real_tensors
-from checkmate.ops import host_placed, is_mutation, is_view
+from checkmate.ops import host_placed, is_mutation, is_random_node, is_view
 from checkmate.timing import ProfileWarning, device_tag
 
 __all__ = ["SCRATCH", "scratch_bytes", "prefetch_scratch", "flush_scratch"]
@@ -124,13 +123,16 @@ def _unmeasurable(node: fx.Node, exc: RuntimeError) -> int:
 
 def _signature(node: fx.Node, any_layout: bool = False) -> tuple[str, str, object] | None:
     """``(key, device tag, traced args and kwargs)`` of an op whose scratch is measured; None
-    for the others (no aten op, a mutating one, a view: it allocates nothing). A random op is
-    measured too, its draws made from a copy of the generators' states (:func:`_measure_once`):
-    counted as 0 before, the CPU's ``native_dropout`` allocates one more float activation
-    beside its outputs (262,144 B on a 64x1024 input). A convolution measured over every
-    layout (``any_layout``) has a key of its own."""
+    for the others (no aten op, random or mutating, a view: it allocates nothing). A
+    convolution measured over every layout (``any_layout``) has a key of its own.
+
+    A random op's scratch is real too: the CPU's ``native_dropout`` allocates one float
+    activation beside its outputs (262,144 B on a 64x1024 input). Counted, it doubled the
+    recomputation of ``make bench-ddp``'s FSDP2 plans at 0.75 of eager (188 to 372) and left
+    0.75 without a plan in one of two runs, where those steps measured 0.73x their budget
+    without it; it is left out until a step is seen to exceed its budget by it."""
     target = node.target
-    if not isinstance(target, torch._ops.OpOverload) or is_mutation(target):
+    if not isinstance(target, torch._ops.OpOverload) or is_mutation(target) or is_random_node(node):
         return None
     if is_view(target):
         return None
@@ -194,8 +196,8 @@ def _measure_once(target: Any, vals: object, channels_last: frozenset[int]) -> i
     leaves, spec = torch.utils._pytree.tree_flatten(vals)
     cuda = sorted({x.device for x in leaves if isinstance(x, torch.Tensor) and x.is_cuda}, key=str)
     out: list[object] = [None]
-    # the random inputs, and a random op's draws, come from a copy of the generators' states:
-    # the user's next draws (the step's dropout) stay those of eager
+    # the random inputs come from a copy of the generators' states: the user's next draws
+    # (the step's dropout) stay those of eager
     with torch.random.fork_rng(devices=cuda):
         args, kwargs = torch.utils._pytree.tree_unflatten([real(x, i) for i, x in enumerate(leaves)], spec)
         args, kwargs = host_placed(target, tuple(args), dict(kwargs))

@@ -147,6 +147,7 @@ def test_fsdp2_per_block_plans_train_like_eager_fsdp2_within_the_budget(tmp_path
             f"rank {r}: parameters differ from eager FSDP2 by {doc['param_diff']}"
         )
         worst = max(doc["peaks"]) / doc["budget"]
+        print(f"rank {r}: step peak {worst:.3f}x the budget, recomputes {doc['recomputes']}")
         assert worst <= 1.05, f"rank {r}: measured step peak {worst:.3f}x the budget"
         # each block is planned at its share less what FSDP2 holds unsharded beside it
         assert doc["planned_at"] == [doc["block_budget"] - doc["expected_reserve"]] * 2
