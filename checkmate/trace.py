@@ -232,8 +232,7 @@ def _kernel_dtypes(target: torch._ops.OpOverload, ins: Any) -> tuple[torch.dtype
     if key not in _KERNEL_DTYPES:
         try:
             with real_tensors():
-                real = lambda x: real_like(x) if isinstance(x, torch.Tensor) else x  # noqa: E731
-                args, kwargs = torch.utils._pytree.tree_map(real, ins)
+                args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, real_like, ins)
                 out = target(*args, **kwargs)
             _KERNEL_DTYPES[key] = tuple(o.dtype if isinstance(o, torch.Tensor) else None for o in out)
         except (RuntimeError, TypeError, ValueError):
