@@ -7,7 +7,9 @@ Verdicts, per model:
   and it is faster: its median per-pair step-time ratio to the point itself (the two timed in
   alternating pairs, ``Row.vs_point``) is below 1, or, for rows without that, its median
   ratio to the reference is below the point's; otherwise **no** with the reason (no plan,
-  failed, more memory, slower);
+  failed, more memory, slower; "within the pairs' spread" when the median ratio to the point
+  is above 1 by no more than half the ratios' interquartile range: a miss that one run cannot
+  tell from a tie);
 - checkmate at 1.0 against plain ``torch.compile``: **yes** when its overhead is at most the
   run's noise (:func:`noise`: the larger of 2% and twice the ``compile`` row's |overhead| plus
   its spread; that row is a second plain build timed against the reference).
@@ -88,7 +90,8 @@ def verdicts(rows: list[Row]) -> list[tuple[str, bool, str]]:
             direct = ""
         why = [] if same else [f"measured peak {ratio:.3f}x the point's"]
         if not faster:
-            why.append("slower")
+            tie = cm.vs_point is not None and cm.vs_point - (cm.vs_spread or 0.0) <= 0.0
+            why.append("slower, within the pairs' spread" if tie else "slower")
         line = f"{desc} vs checkmate ({cm.peak / 2**20:.2f} MiB = {ratio:.3f}x, {_pct(cm.overhead)}{direct})"
         out.append((head, same and faster, line + (f": {', '.join(why)}" if why else "")))
     one = cms.get("1.0")
