@@ -431,13 +431,15 @@ class Planner:
             for k, x in enumerate(self.inputs or ())
             if isinstance(x, torch.Tensor) and getattr(x, "_dynamo_static_input_type", None)
         ]
-        compile_half = functools.partial(_compile_half, static=static)
         measured: dict[tuple[Any, ...], int] = {}  # a replan can return a schedule measured before
 
         def measure(p: _Plan) -> int:
             assert p[0].schedule is not None
             key = p[0].schedule.steps
             if key not in measured:
+                compile_half = functools.partial(
+                    _compile_half, static=static, donated=_bw_donated(p[1], jg.num_fwd_outputs)
+                )
                 measured[key] = _logged_peak(
                     p, jg.num_fwd_outputs, compile_half, self.inputs, held, len(self.records)
                 )
@@ -962,16 +964,70 @@ def _memory_digest(gm: fx.GraphModule) -> str:
     return hashlib.sha256(repr(marks).encode()).hexdigest()[:24]
 
 
+@dataclass(frozen=True)
+class _DonatedOnly:
+    """What Inductor reads of AOTAutograd's metadata while it compiles a backward
+    (``torch._inductor.utils.get_donated_idxs``): the inputs it may overwrite."""
+
+    bw_donated_idxs: list[int]
+
+
+def _bw_donated(modules: SplitModules, num_fwd_outputs: int) -> list[int] | None:
+    """The backward inputs AOTAutograd will donate to Inductor's compile of ``modules``'
+    backward (``collect_bw_donated_buffer_idxs``): the saved values that alias no forward
+    input, forward output or gradient, which the backward may overwrite in place once read
+    (AOTAutograd frees them as the backward starts). None when it donates none (its
+    ``donated_buffer`` config off, a value it cannot judge, another torch release).
+
+    The compiled check must compile the backward as the step will: on torch 2.14 (and 2.11
+    on CUDA) a backward compiled without them wrote the gradient of a 4096-word cross-entropy
+    into a buffer of its own beside the saved log-softmax, 32.3 MiB where the step compiled
+    by AOTAutograd holds 16.9 MiB, and the check, whose compile the step then reads from
+    Inductor's cache, refused a budget that torch.compile's step meets."""
+    try:
+        from torch._functorch._aot_autograd.graph_compile import (
+            collect_fw_donated_buffer_idxs,
+            contain_metadata_mutation_ops,
+        )
+    except ImportError:
+        return None
+    if not torch._functorch.config.donated_buffer:
+        return None
+    fw, bw = modules.forward, modules.backward
+    if contain_metadata_mutation_ops(fw) or contain_metadata_mutation_ops(bw):
+        return []
+
+    def vals(nodes: Sequence[Any]) -> list[Any]:
+        return [n.meta.get("val") if isinstance(n, fx.Node) else None for n in nodes]
+
+    fw_outs = list(fw.graph.find_nodes(op="output"))[-1].args[0]
+    bw_outs = list(bw.graph.find_nodes(op="output"))[-1].args[0]
+    saved = vals(fw_outs[num_fwd_outputs:])
+    if not all(isinstance(v, torch.Tensor) for v in saved):  # symbolic sizes saved: not judged here
+        return None
+    return list(
+        collect_fw_donated_buffer_idxs(
+            vals(fw.graph.find_nodes(op="placeholder")), vals(fw_outs[:num_fwd_outputs]), vals(bw_outs), saved
+        )
+    )
+
+
 def _compile_half(
-    gm: fx.GraphModule, example_inputs: list[Any], is_backward: bool, *, static: list[int]
+    gm: fx.GraphModule,
+    example_inputs: list[Any],
+    is_backward: bool,
+    *,
+    static: list[int],
+    donated: list[int] | None = None,
 ) -> Callable[[list[Any]], Any]:
     """Inductor's compile of one half of a plan, as :func:`_inductor_backend` will compile it
     once the partitioner returns, so that the FX-graph cache holds the artifact for that
     compile: the same annotations in the key, and the arguments Inductor's own forward and
     backward compilers pass (those not known here are left out, which only costs a cache
     miss); ``static``: the forward's inputs Dynamo marked static (parameters and buffers,
-    as AOTAutograd's metadata lists them). In a tracing context of its own, so that what it records (output strides) is
-    not taken for the real compile's."""
+    as AOTAutograd's metadata lists them); ``donated``: the backward's inputs AOTAutograd
+    donates (:func:`_bw_donated`). In a tracing context of its own, so that what it records
+    (output strides) is not taken for the real compile's."""
     from torch._guards import TracingContext, detect_fake_mode, tracing
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
@@ -998,6 +1054,8 @@ def _compile_half(
     if isinstance(partitioner, _Partitioner):
         partitioner.digest = _memory_digest(gm)
     context = TracingContext(detect_fake_mode(example_inputs))  # the fake mode: its shape env
+    if is_backward and donated is not None:  # the saved values it may overwrite (_bw_donated)
+        context.fw_metadata = _DonatedOnly(donated)  # type: ignore[assignment]
     with tracing(context), V.set_choices_handler(_PlanOrderChoices(V.choices)):
         return compile_fx_inner(gm, example_inputs, **kwargs)  # type: ignore[no-any-return]
 
