@@ -936,7 +936,12 @@ class _Partitioner(CustomPartitionerFn):
     Its uuid is part of the key of Inductor's FX-graph cache for each half compiled: it
     names the plan's memory annotations of the half being compiled (``digest``, set before
     each compile), on which :class:`_PlanOrderChoices` decides fusions, so that halves with
-    equal code but another budget are not one cache entry."""
+    equal code but another budget are not one cache entry. ``VERSION`` is in it too: bumped
+    when what checkmate's compiles hand Inductor changes outside the graph (version 2: the
+    backward's donated inputs, :func:`_bw_donated`, which the cache key does not hold), so
+    that an artifact compiled by an older checkmate is not read back."""
+
+    VERSION = 2
 
     def __init__(self, planner: Planner) -> None:
         self.planner = planner
@@ -948,12 +953,12 @@ class _Partitioner(CustomPartitionerFn):
         return self.planner.partition(gm, joint_inputs, **kwargs)
 
     def uuid(self) -> str:
-        return f"checkmate-partitioner-1:{self.digest}"
+        return f"checkmate-partitioner-{self.VERSION}:{self.digest}"
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Inductor pickles its config into the cache key (and may keep the pickle while the
         # config is unchanged): a constant stands for the planner; the digest is in uuid()
-        return (str, ("checkmate-partitioner-1",))
+        return (str, (f"checkmate-partitioner-{self.VERSION}",))
 
 
 def _memory_digest(gm: fx.GraphModule) -> str:
