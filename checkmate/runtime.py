@@ -984,11 +984,12 @@ def _bw_donated(modules: SplitModules, num_fwd_outputs: int) -> list[int] | None
     (AOTAutograd frees them as the backward starts). None when it donates none (its
     ``donated_buffer`` config off, a value it cannot judge, another torch release).
 
-    The compiled check must compile the backward as the step will: on torch 2.14 (and 2.11
-    on CUDA) a backward compiled without them wrote the gradient of a 4096-word cross-entropy
-    into a buffer of its own beside the saved log-softmax, 32.3 MiB where the step compiled
-    by AOTAutograd holds 16.9 MiB, and the check, whose compile the step then reads from
-    Inductor's cache, refused a budget that torch.compile's step meets."""
+    The compiled check must compile the backward as the step will: on torch 2.14 (CPU) a
+    backward compiled without them wrote the gradient of a 4096-word cross-entropy into a
+    buffer of its own beside the saved log-softmax, 32.3 MiB where the step compiled by
+    AOTAutograd holds 16.9 MiB, and the check, whose compile the step then reads from
+    Inductor's cache, refused a budget that torch.compile's step meets (an H100 with torch
+    2.11 measured the same 32 MiB before this; not re-run there)."""
     try:
         from torch._functorch._aot_autograd.graph_compile import (
             collect_fw_donated_buffer_idxs,
