@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -195,9 +197,13 @@ def test_past_the_recompile_limit_a_new_shape_is_an_error_not_an_unplanned_step(
 ) -> None:
     # past its limit Dynamo would run the step eagerly with no budget: checkmate makes it an
     # error (the limit is raised to checkmate.api.RECOMPILE_LIMIT for its own calls only)
+    from torch._dynamo.utils import counters
+
     import checkmate.api
 
     monkeypatch.setattr(checkmate.api, "RECOMPILE_LIMIT", 2)
+    # Dynamo counts the hit among its graph breaks: on a copy, so later tests do not see it
+    monkeypatch.setitem(counters, "unimplemented", collections.Counter(counters["unimplemented"]))
     opt = checkmate.optimize(_mlp(), 0.6, time_limit=TIME_LIMIT)
     with torch._dynamo.config.patch(recompile_limit=2, accumulated_recompile_limit=2):
         for n in (64, 48):
@@ -207,6 +213,54 @@ def test_past_the_recompile_limit_a_new_shape_is_an_error_not_an_unplanned_step(
         # Dynamo's own settings are the caller's again
         assert not torch._dynamo.config.fail_on_recompile_limit_hit
         assert torch._dynamo.config.recompile_limit == 2
+    assert len(checkmate.plans_of(opt)) == 2
+
+
+def test_a_step_of_a_known_shape_leaves_dynamos_config_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # every config write marks Dynamo's config hash stale (about 70 us a step on CPU): the
+    # limits are raised only for calls that may compile (a new shape), not at every step
+    import checkmate.api
+
+    entered: list[int] = []
+    real = checkmate.api._recompile_limits
+
+    def counted() -> Any:
+        entered.append(1)
+        return real()
+
+    monkeypatch.setattr(checkmate.api, "_recompile_limits", counted)
+    opt = checkmate.optimize(_mlp(), 0.6, time_limit=TIME_LIMIT)
+    _step(opt, torch.randn(64, 32))
+    assert len(entered) == 1  # the first call compiles, under the raised limits
+    for _ in range(3):
+        _step(opt, torch.randn(64, 32))
+    assert len(entered) == 1
+    _step(opt, torch.randn(48, 32))  # a new shape compiles again
+    assert len(entered) == 2
+
+
+def test_a_known_shape_compiled_again_past_the_recompile_limit_is_an_error_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a call of an input signature seen before skips the limits' config writes (a cost every
+    # step) only while a new variant cannot reach Dynamo's limits; a guard that fails at a
+    # known signature (a parameter frozen) near them must still raise, not run unplanned
+    from torch._dynamo.utils import counters
+
+    import checkmate.api
+
+    monkeypatch.setattr(checkmate.api, "RECOMPILE_LIMIT", 2)
+    # Dynamo counts the hit among its graph breaks: on a copy, so later tests do not see it
+    monkeypatch.setitem(counters, "unimplemented", collections.Counter(counters["unimplemented"]))
+    model = _mlp()
+    opt = checkmate.optimize(model, 0.6, time_limit=TIME_LIMIT)
+    with torch._dynamo.config.patch(recompile_limit=2, accumulated_recompile_limit=2):
+        for n in (64, 48, 64):
+            _step(opt, torch.randn(n, 32))
+        first = next(p for p in model.parameters())
+        first.requires_grad_(False)  # Dynamo guards on it: the known signature compiles again
+        with pytest.raises(CheckmateError, match="recompile limit"):
+            _step(opt, torch.randn(64, 32))
     assert len(checkmate.plans_of(opt)) == 2
 
 
