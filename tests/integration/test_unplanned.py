@@ -192,27 +192,32 @@ def test_a_retained_graph_backs_up_twice_and_a_double_backward_says_it_is_not_su
         g.pow(2).sum().backward()
 
 
-def test_past_the_recompile_limit_a_new_shape_is_an_error_not_an_unplanned_step(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # past its limit Dynamo would run the step eagerly with no budget: checkmate makes it an
-    # error (the limit is raised to checkmate.api.RECOMPILE_LIMIT for its own calls only)
+@pytest.fixture
+def low_recompile_limits(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Dynamo's limits and checkmate's at 2 variants, for the test's body; the hit Dynamo
+    counts among its graph breaks goes to a copy of that counter, so later tests do not see it."""
     from torch._dynamo.utils import counters
 
     import checkmate.api
 
     monkeypatch.setattr(checkmate.api, "RECOMPILE_LIMIT", 2)
-    # Dynamo counts the hit among its graph breaks: on a copy, so later tests do not see it
     monkeypatch.setitem(counters, "unimplemented", collections.Counter(counters["unimplemented"]))
-    opt = checkmate.optimize(_mlp(), 0.6, time_limit=TIME_LIMIT)
     with torch._dynamo.config.patch(recompile_limit=2, accumulated_recompile_limit=2):
-        for n in (64, 48):
-            _step(opt, torch.randn(n, 32))
-        with pytest.raises(CheckmateError, match="recompile limit"):
-            _step(opt, torch.randn(32, 32))
-        # Dynamo's own settings are the caller's again
-        assert not torch._dynamo.config.fail_on_recompile_limit_hit
-        assert torch._dynamo.config.recompile_limit == 2
+        yield
+
+
+@pytest.mark.usefixtures("low_recompile_limits")
+def test_past_the_recompile_limit_a_new_shape_is_an_error_not_an_unplanned_step() -> None:
+    # past its limit Dynamo would run the step eagerly with no budget: checkmate makes it an
+    # error (the limit is raised to checkmate.api.RECOMPILE_LIMIT for its own calls only)
+    opt = checkmate.optimize(_mlp(), 0.6, time_limit=TIME_LIMIT)
+    for n in (64, 48):
+        _step(opt, torch.randn(n, 32))
+    with pytest.raises(CheckmateError, match="recompile limit"):
+        _step(opt, torch.randn(32, 32))
+    # Dynamo's own settings are the caller's again
+    assert not torch._dynamo.config.fail_on_recompile_limit_hit
+    assert torch._dynamo.config.recompile_limit == 2
     assert len(checkmate.plans_of(opt)) == 2
 
 
@@ -239,28 +244,18 @@ def test_a_step_of_a_known_shape_leaves_dynamos_config_alone(monkeypatch: pytest
     assert len(entered) == 2
 
 
-def test_a_known_shape_compiled_again_past_the_recompile_limit_is_an_error_too(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.mark.usefixtures("low_recompile_limits")
+def test_a_known_shape_compiled_again_past_the_recompile_limit_is_an_error_too() -> None:
     # a call of an input signature seen before skips the limits' config writes (a cost every
     # step) only while a new variant cannot reach Dynamo's limits; a guard that fails at a
     # known signature (a parameter frozen) near them must still raise, not run unplanned
-    from torch._dynamo.utils import counters
-
-    import checkmate.api
-
-    monkeypatch.setattr(checkmate.api, "RECOMPILE_LIMIT", 2)
-    # Dynamo counts the hit among its graph breaks: on a copy, so later tests do not see it
-    monkeypatch.setitem(counters, "unimplemented", collections.Counter(counters["unimplemented"]))
     model = _mlp()
     opt = checkmate.optimize(model, 0.6, time_limit=TIME_LIMIT)
-    with torch._dynamo.config.patch(recompile_limit=2, accumulated_recompile_limit=2):
-        for n in (64, 48, 64):
-            _step(opt, torch.randn(n, 32))
-        first = next(p for p in model.parameters())
-        first.requires_grad_(False)  # Dynamo guards on it: the known signature compiles again
-        with pytest.raises(CheckmateError, match="recompile limit"):
-            _step(opt, torch.randn(64, 32))
+    for n in (64, 48, 64):
+        _step(opt, torch.randn(n, 32))
+    next(model.parameters()).requires_grad_(False)  # Dynamo guards on it: the known shape compiles again
+    with pytest.raises(CheckmateError, match="recompile limit"):
+        _step(opt, torch.randn(64, 32))
     assert len(checkmate.plans_of(opt)) == 2
 
 
