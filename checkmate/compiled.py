@@ -52,6 +52,10 @@ ROUNDS = 2
 #: (on GPT-2 at 78 MiB the ratio step and one interpolation both went over, and the plan
 #: kept held 0.79x the budget)
 BRACKETED = 1
+#: more replans while every plan measured is over the budget: the budget is the promise, a
+#: round one compile (a small T5 at 0.6x its eager peak: the measured-to-simulated ratio rose
+#: from 1.13 to 1.22 as the target fell, and the third plan measured 1.001x the budget)
+UNFIT = 2
 #: aim this far under the budget when replanning from a measured ratio (it is not exact)
 AIM = 0.99
 
@@ -128,7 +132,7 @@ def calibrate(
     target = start
     plan = first
     floor: int | None = None
-    for k in range(ROUNDS + BRACKETED + 1):
+    for k in range(ROUNDS + max(BRACKETED, UNFIT) + 1):
         try:
             got = measure(plan)
         except Exception as exc:  # never lose the plan to a failed measurement
@@ -137,9 +141,9 @@ def calibrate(
                 return first, Calibration(0, (Round(start, simulated(first), None),), budget, why)
             break
         rounds.append(Round(target, simulated(plan), got))
-        if USE * budget <= got <= budget or k == ROUNDS + BRACKETED:
+        if USE * budget <= got <= budget:
             break
-        if k >= ROUNDS and not _bracketed(rounds, budget):
+        if k >= ROUNDS + _extra(rounds, budget):
             break
         if got < budget and target >= ceiling:
             break  # it keeps everything already
@@ -162,6 +166,16 @@ def calibrate(
     else:
         chosen = min(range(len(rounds)), key=lambda k: rounds[k].measured or 0)
     return plans[chosen], Calibration(chosen, tuple(rounds), budget, no_plan_below=floor)
+
+
+def _extra(rounds: list[Round], budget: int) -> int:
+    """Replans allowed beyond ROUNDS: BRACKETED between a plan measured over ``budget`` and
+    one under it, UNFIT while every plan measured was over it."""
+    if _bracketed(rounds, budget):
+        return BRACKETED
+    if all(r.measured is not None and r.measured > budget for r in rounds):
+        return UNFIT
+    return 0
 
 
 def _bracketed(rounds: list[Round], budget: int) -> bool:

@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import checkmate  # noqa: E402
-from checkmate.compiled import AIM, BRACKETED, ROUNDS, USE, calibrate  # noqa: E402
+from checkmate.compiled import AIM, BRACKETED, ROUNDS, UNFIT, USE, calibrate  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
 from tests.integration import _models as M  # noqa: E402
 
@@ -137,6 +137,36 @@ def test_without_a_plan_over_the_budget_the_rounds_stop_at_rounds() -> None:
     )  # fmt: skip
     assert len(check.rounds) == ROUNDS + 1 and check.fits
     assert all((r.measured or 0) < USE * BUDGET for r in check.rounds)
+
+
+def _rising(p: int) -> int:
+    """A plan's measured peak when the measured/simulated ratio rises as the target falls,
+    from 1.126 at the budget (a small T5: 1.13 to 1.22 over three plans, all over the budget)."""
+    return int(p * (1.126 + 0.7 * (BUDGET - p) / BUDGET))
+
+
+def test_while_every_plan_measures_over_the_budget_more_plans_are_measured() -> None:
+    # 1M measures 1.126M; the ratio steps 879k, 818k and 790k measure 1.065M, 1.025M and
+    # 1.006M, all over; the fifth, 778k, measures 0.997M: the first plan that fits
+    plan, check = calibrate(
+        BUDGET, BUDGET, simulated=lambda p: p, cost=lambda p: 1e12 / p, measure=_rising,
+        replan=lambda t: t, ceiling=CEILING, start=BUDGET,
+    )  # fmt: skip
+    assert all((r.measured or 0) > BUDGET for r in check.rounds[: ROUNDS + 1]), check
+    assert len(check.rounds) == ROUNDS + UNFIT + 1
+    assert check.fits and (check.measured or 0) >= USE * BUDGET, check
+    assert plan == check.rounds[-1].target
+
+
+def test_the_rounds_end_when_no_plan_fits_within_the_extra_rounds() -> None:
+    # every plan measures 1.5x its simulated peak and no plan holds less than 900k (replans
+    # below return it): the rounds stop, none fits, and the plan measured least is kept
+    plan, check = calibrate(
+        BUDGET, BUDGET, simulated=lambda p: p, cost=lambda p: 1e12 / p, measure=lambda p: int(1.5 * p),
+        replan=lambda t: max(t, 900_000), ceiling=CEILING, start=BUDGET,
+    )  # fmt: skip
+    assert not check.fits and len(check.rounds) <= ROUNDS + UNFIT + 1
+    assert plan == 900_000 and check.measured == 1_350_000
 
 
 def test_keep_all_is_not_replanned_upwards() -> None:
