@@ -7,7 +7,7 @@ TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: install demo test test-solvers test-gpu lint format bench bench-quick bench-peers bench-peers-full bench-peers-compile bench-second-run bench-overhead bench-budget bench-loop bench-scale bench-ddp bench-big bench-predict clean
+.PHONY: install demo test test-solvers test-gpu lint format bench bench-quick bench-peers bench-peers-full bench-peers-compile bench-second-run bench-overhead bench-budget bench-loop bench-scale bench-ddp bench-big bench-predict bench-zoo-inductor clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -103,6 +103,12 @@ bench-big: install
 # budgets: benchmarks/results/predict_check.md. BENCH_ARGS=--device cpu does the same on the CPU.
 bench-predict: install
 	$(BIN)/python -m benchmarks.predict_check $(BENCH_ARGS)
+
+# compiler="inductor" on 12 small Hugging Face models (decoders, encoders, T5, ViT, ConvNeXt) at 0.6 of
+# eager's step peak: budget held, gradients against eager, first-call seconds with empty Inductor caches,
+# written to benchmarks/results/zoo_inductor.md (~15 min on 2 cores).
+bench-zoo-inductor: install
+	$(BIN)/python -m benchmarks.zoo_inductor --fresh-cache $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
