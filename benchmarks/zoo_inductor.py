@@ -51,47 +51,24 @@ def _models() -> dict[str, tuple[Callable[[], nn.Module], str]]:
     """name -> (build with random weights, input kind: ``text`` or ``image``)."""
     import transformers as T
 
-    small = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+    shape = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+    two = {"vocab_size": VOCAB, **shape}
+    small = {**two, "intermediate_size": 128}
 
     def lm(config: Any) -> Callable[[], nn.Module]:
         return lambda: T.AutoModelForCausalLM.from_config(config)
 
+    # OPT, Phi and Falcon apply dropout functionally from their configs (no nn.Dropout to zero)
+    nodrop_opt = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
     return {
-        "gpt-neox": (lm(T.GPTNeoXConfig(vocab_size=VOCAB, **small)), "text"),
-        "mistral": (lm(T.MistralConfig(vocab_size=VOCAB, num_key_value_heads=2, **small)), "text"),
-        "qwen2": (lm(T.Qwen2Config(vocab_size=VOCAB, num_key_value_heads=2, **small)), "text"),
-        "opt": (
-            lm(
-                T.OPTConfig(
-                    vocab_size=VOCAB,
-                    hidden_size=64,
-                    num_hidden_layers=2,
-                    num_attention_heads=4,
-                    ffn_dim=128,
-                    word_embed_proj_dim=64,
-                    dropout=0.0,
-                    attention_dropout=0.0,
-                    activation_dropout=0.0,
-                )
-            ),
-            "text",
-        ),
-        "gemma": (lm(T.GemmaConfig(vocab_size=VOCAB, num_key_value_heads=1, head_dim=16, **small)), "text"),
-        "phi": (lm(T.PhiConfig(vocab_size=VOCAB, resid_pdrop=0.0, embd_pdrop=0.0, **small)), "text"),
-        "falcon": (
-            lm(
-                T.FalconConfig(
-                    vocab_size=VOCAB,
-                    hidden_size=64,
-                    num_hidden_layers=2,
-                    num_attention_heads=4,
-                    hidden_dropout=0.0,
-                    attention_dropout=0.0,
-                )
-            ),
-            "text",
-        ),
-        "bert": (lambda: T.BertForMaskedLM(T.BertConfig(vocab_size=VOCAB, **small)), "text"),
+        "gpt-neox": (lm(T.GPTNeoXConfig(**small)), "text"),
+        "mistral": (lm(T.MistralConfig(num_key_value_heads=2, **small)), "text"),
+        "qwen2": (lm(T.Qwen2Config(num_key_value_heads=2, **small)), "text"),
+        "opt": (lm(T.OPTConfig(ffn_dim=128, word_embed_proj_dim=64, **two, **nodrop_opt)), "text"),
+        "gemma": (lm(T.GemmaConfig(num_key_value_heads=1, head_dim=16, **small)), "text"),
+        "phi": (lm(T.PhiConfig(resid_pdrop=0.0, embd_pdrop=0.0, **small)), "text"),
+        "falcon": (lm(T.FalconConfig(hidden_dropout=0.0, attention_dropout=0.0, **two)), "text"),
+        "bert": (lambda: T.BertForMaskedLM(T.BertConfig(**small)), "text"),
         "distilbert": (
             lambda: T.DistilBertForMaskedLM(
                 T.DistilBertConfig(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, hidden_dim=128)
@@ -116,7 +93,7 @@ def _models() -> dict[str, tuple[Callable[[], nn.Module], str]]:
         ),
         "vit": (
             lambda: T.ViTForImageClassification(
-                T.ViTConfig(image_size=32, patch_size=4, num_labels=10, **small)
+                T.ViTConfig(image_size=32, patch_size=4, num_labels=10, intermediate_size=128, **shape)
             ),
             "image",
         ),
