@@ -51,15 +51,15 @@ def _models() -> dict[str, tuple[Callable[[], nn.Module], str]]:
     """name -> (build with random weights, input kind: ``text`` or ``image``)."""
     import transformers as T
 
-    shape = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
-    two = {"vocab_size": VOCAB, **shape}
-    small = {**two, "intermediate_size": 128}
+    shape: dict[str, Any] = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+    two: dict[str, Any] = {"vocab_size": VOCAB, **shape}
+    small: dict[str, Any] = {**two, "intermediate_size": 128}
 
     def lm(config: Any) -> Callable[[], nn.Module]:
         return lambda: T.AutoModelForCausalLM.from_config(config)
 
     # OPT, Phi and Falcon apply dropout functionally from their configs (no nn.Dropout to zero)
-    nodrop_opt = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
+    nodrop_opt: dict[str, Any] = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
     return {
         "gpt-neox": (lm(T.GPTNeoXConfig(**small)), "text"),
         "mistral": (lm(T.MistralConfig(num_key_value_heads=2, **small)), "text"),
