@@ -122,11 +122,12 @@ class _Step(nn.Module):
         return self.model(input_ids=x, labels=labels).loss  # type: ignore[no-any-return]
 
 
-def _batch(kind: str, n: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(kind: str, n: int, image_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of ``n``: token ids (their own labels), or images of the side the model's
+    config names, with class labels."""
     g = torch.Generator().manual_seed(n)
     if kind == "image":
-        size = 64 if name == "convnext" else 32
-        return torch.randn(n, 3, size, size, generator=g), torch.randint(0, 10, (n,), generator=g)
+        return torch.randn(n, 3, image_size, image_size, generator=g), torch.randint(0, 10, (n,), generator=g)
     x = torch.randint(0, VOCAB, (n, SEQ), generator=g)
     return x, x.clone()
 
@@ -175,7 +176,8 @@ def measure(name: str, build: Callable[[], nn.Module], kind: str, share: float, 
         for mod in base.modules():  # gradients comparable with eager's: no random masks
             if isinstance(mod, nn.Dropout):
                 mod.p = 0.0
-        x, y = _batch(kind, BATCH, name)
+        image_size = int(getattr(getattr(base, "config", None), "image_size", 0))
+        x, y = _batch(kind, BATCH, image_size)
         eager = _Step(copy.deepcopy(base), kind)
         row.eager_peak = measure_peak(lambda: eager(x, y).backward())
         eager.zero_grad(set_to_none=True)
@@ -200,7 +202,7 @@ def measure(name: str, build: Callable[[], nn.Module], kind: str, share: float, 
                 opt(x, y).backward()
             opt.zero_grad(set_to_none=True)
             row.peak = measure_peak(lambda: opt(x, y).backward())
-            xs, ys = _batch(kind, SHORT, name)
+            xs, ys = _batch(kind, SHORT, image_size)
             opt.zero_grad(set_to_none=True)
             t0 = time.perf_counter()
             opt(xs, ys).backward()
