@@ -436,6 +436,7 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     state.planner.begin_step(key)
     try:
         out = _compiled_call(state, args, kwargs, limits=key not in state.eager_keys or _near_limit(state))
+        state.planner.settle()  # every graph of the step is compiled: a fraction it cannot meet raises
     except BaseException:
         state.window_key = None
         _close_window(state)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import functools
 import logging
+import sys
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
@@ -97,6 +98,49 @@ class BudgetWarning(UserWarning):
     buffers of Inductor's own, whose peak the plan does not bound exactly."""
 
 
+@dataclass(frozen=True)
+class _Unsettled:
+    """A graph planned above the fraction asked while the graphs after it in its step were
+    unknown: its record's index, its keep-all peak, and the error that stands unless a
+    later graph of the step is at least twice that peak."""
+
+    index: int
+    peak: int
+    error: InfeasibleBudgetError
+
+
+def ends_at_graph_break(gm: fx.GraphModule) -> bool:
+    """Whether Dynamo ended the graph ``gm`` at a graph break, rather than at its frame's
+    return: the step goes on after it (in more graphs, or eagerly). Dynamo records why it
+    compiled a graph on the module it hands the backend (``compile_subgraph_reason``);
+    a graph without that record (traced some other way) counts as a whole step."""
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    return bool(getattr(reason, "graph_break", False))
+
+
+def called_from_model_code() -> bool:
+    """Whether the frame Dynamo is compiling was called by the model's code, still running:
+    a graph break in a caller (a Hugging Face feature encoder setting ``requires_grad``)
+    makes Dynamo run the callee as a frame of its own, and when it returns, the caller's
+    step goes on. Read from the Python stack above the backend, up to checkmate's own call
+    of the step: a frame of a ``forward``, of Dynamo's resumption of one, or of a module
+    outside torch and the standard library is the model's."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = str(frame.f_globals.get("__name__", ""))
+        if module == "checkmate.api":
+            return False  # checkmate's call of the step: the frame compiled is the step's own
+        name, top = frame.f_code.co_name, module.partition(".")[0]
+        if top != "checkmate" and (
+            name == "forward"
+            or name.startswith("torch_dynamo_resume_in_")
+            or (top != "torch" and top not in sys.stdlib_module_names)
+        ):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
 @dataclass
 class Planner:
     """Plans every graph torch.compile gives it; holds the records.
@@ -132,6 +176,11 @@ class Planner:
             graph of the step is planned with that much room beside it, and a step not
             measured yet with as much per byte of its outputs' gradients as the most any
             step measured.
+        more_follows: whether more of the step runs after the graph being compiled
+            (:func:`ends_at_graph_break`, :func:`called_from_model_code`).
+        unsettled: step signature -> the graphs of it planned above an infeasible fraction
+            before the graphs after them were seen (see :meth:`partition`): :meth:`settle`
+            raises the error of one that no graph at least twice its size followed.
     """
 
     budget: Budget
@@ -154,6 +203,8 @@ class Planner:
     inputs: Sequence[Any] | None = field(default=None, repr=False)
     latest: dict[object, list[int]] = field(default_factory=dict, repr=False)
     outside: dict[object, int] = field(default_factory=dict, repr=False)
+    more_follows: bool = field(default=False, repr=False)
+    unsettled: dict[object, list[_Unsettled]] = field(default_factory=dict, repr=False)
 
     @property
     def plans_made(self) -> int:
@@ -164,14 +215,33 @@ class Planner:
     def begin_step(self, signature: object) -> None:
         """Graphs compiled from now on belong to the training step with this input
         signature (their sizes decide which graph sets the step's peak)."""
+        pending = self.unsettled.get(signature)
+        if pending:  # its plan does not meet the fraction asked (see settle)
+            raise pending[0].error
         self.step = signature
         self.call = []
+
+    def settle(self) -> None:
+        """At the end of a call's forward, when every graph of its step is compiled: raise
+        the :class:`InfeasibleBudgetError` of a graph planned above the fraction asked while
+        the graphs after it were unknown (see :meth:`partition`), when none of them was at
+        least twice its size. It is raised at every later call of the step too."""
+        pending = self.unsettled.get(self.step)
+        if pending:
+            raise pending[0].error
 
     def backend(self) -> Callable[..., Any]:
         """A torch.compile backend running this planner's plans with its compiler."""
         if self.compiler == "inductor":
-            return _inductor_backend(self)
-        return aot_autograd(fw_compiler=_as_is, bw_compiler=_as_is, partition_fn=self.partition)  # type: ignore[no-any-return]
+            inner = _inductor_backend(self)
+        else:
+            inner = aot_autograd(fw_compiler=_as_is, bw_compiler=_as_is, partition_fn=self.partition)
+
+        def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+            self.more_follows = ends_at_graph_break(gm) or called_from_model_code()
+            return inner(gm, example_inputs)
+
+        return compile_graph
 
     def partition(
         self,
@@ -192,8 +262,12 @@ class Planner:
         needs its whole peak) is planned at its own minimum, or keep-all when the minimum
         is not known to be below it, with a :class:`BudgetWarning`, when its keep-all peak
         is at most half that of the largest graph compiled for the same step so far: it
-        does not set the step's peak. Otherwise, and for byte budgets, the
-        :class:`InfeasibleBudgetError` is raised. Under Inductor with the compiled check,
+        does not set the step's peak. So is a graph that is the largest so far but after
+        which the step goes on (a graph break: a Hugging Face wav2vec2's feature encoder is
+        compiled before its larger encoder), provisionally: unless a later graph of the step
+        is at least twice its size, :meth:`settle` raises the error when the step's forward
+        returns. Otherwise, and for byte budgets, the :class:`InfeasibleBudgetError` is
+        raised. Under Inductor with the compiled check,
         a budget below every schedule the graph model finds is first tried compiled: the
         plan at the least simulated peak, held to the bytes asked, and the error is raised
         only when no plan's compiled step fits them. A graph of the same structure as one
@@ -254,6 +328,11 @@ class Planner:
         out = self._record(jg, res, modules, paged, asked, reused, spent, compiler, check)
         self.call.append(len(self.records) - 1)
         self.latest[self.step] = list(self.call)
+        if self.step in self.unsettled:  # a graph twice their size sets the step's peak
+            peak = self.records[-1].reference_peak
+            self.unsettled[self.step] = [
+                u for u in self.unsettled[self.step] if u.index == index or peak < 2 * u.peak
+            ]
         if self.budget.nbytes is not None and len(self.call) > 1 and not self.warned_split:
             self._check_split(profile_id)
         if log.isEnabledFor(logging.INFO):
@@ -787,7 +866,19 @@ class Planner:
                 # whose graph Dynamo specialized differently (a size of 1) gets them too
                 return run(Budget(nbytes=larger)), exc.budget
             largest = max((self.records[i].reference_peak for i in self.steps.get(self.step, [])), default=0)
-            if fraction is None or 2 * ref > largest:
+            # a graph ending at a graph break, the largest of its step so far: the graphs after
+            # it may be larger (a feature extractor before its encoder), so it is planned above
+            # the fraction now, and the error stands only if none of them is twice its size
+            unsettled = fraction is not None and 2 * ref > largest and self.more_follows
+            if unsettled:
+                exc.add_note(
+                    f"graph {len(self.records)} of this step is followed by more of the step (a graph "
+                    "break), so it was planned above the fraction in case a later graph set the step's "
+                    "peak; none is twice its size, so it sets the step's peak"
+                )
+                pending = _Unsettled(len(self.records), ref, exc.with_traceback(None))
+                self.unsettled.setdefault(self.step, []).append(pending)
+            elif fraction is None or 2 * ref > largest:
                 if reserve:  # the bytes in the message are the graph's own: say where the rest went
                     exc.add_note(
                         f"{format_bytes(reserve)} of the budget asked is held beside this graph (DDP's "
@@ -804,12 +895,18 @@ class Planner:
                 res = None
         if res is None:
             res = run(Budget(nbytes=ref))  # keep-all fits its own peak
+        why = (
+            "The step goes on after it (a graph break), and it is the largest graph of the step so "
+            "far: unless a graph after it is twice its size, InfeasibleBudgetError is raised when "
+            "the step's forward returns"
+            if unsettled
+            else f"It is at most half the largest graph of this step ({format_bytes(largest)}), which "
+            "sets the step's peak; pass the budget in bytes to make this an error"
+        )
         warnings.warn(
             f"graph {len(self.records)} ({graph.n - 1} ops, keep-all peak {format_bytes(ref)}) has no "
             f"schedule at the {fraction:.0%} asked ({format_bytes(asked)}); it is planned at "
-            f"{format_bytes(res.budget)} ({res.budget / max(ref, 1):.0%} of its peak) instead. "
-            f"It is at most half the largest graph of this step ({format_bytes(largest)}), which "
-            "sets the step's peak; pass the budget in bytes to make this an error",
+            f"{format_bytes(res.budget)} ({res.budget / max(ref, 1):.0%} of its peak) instead. {why}",
             BudgetWarning,
             stacklevel=2,
         )
