@@ -699,7 +699,9 @@ class Planner:
 
     def check_step(self, step: object, peak: int) -> str | None:
         """The verdict on a training step measured whole (:mod:`checkmate.stepcheck`) at
-        ``peak`` bytes: None when it is within the byte budget; ``"replan"`` when it is not,
+        ``peak`` bytes: None when it is within the byte budget, or when it measured what its
+        one graph measured compiled alone (over the budget by the plan's own excess, which
+        the compiled check warned of: nothing is held outside); ``"replan"`` when it is not,
         the first time for this step: the bytes beyond what its plans hold at their
         forward/backward boundary are held outside the module (``outside``), and the step is
         to be compiled again with that room; else the warning to give."""
@@ -712,6 +714,18 @@ class Planner:
             )
             return None
         graphs = self.latest.get(step, [])
+        alone = _measured_alone([self.records[i] for i in graphs])
+        if not self.outside and alone is not None and peak <= STEP_SLACK * alone:
+            # what its graph measured compiled, alone: its plan's own excess, which the compiled
+            # check warned of (no room was planned for anything outside, so it was not quiet),
+            # and nothing held outside: room for it would only starve the plan
+            log.info(
+                "the training step measured %s, over its budget of %s, as its compiled graph did alone: "
+                "nothing is held outside the module",
+                format_bytes(peak),
+                format_bytes(asked),
+            )
+            return None
         held = sum(_held_bytes(self.records[i])[0] for i in graphs)
         beyond = max(peak - held, peak - asked + self.outside.get(step, 0))
         if step not in self.outside:
@@ -911,6 +925,15 @@ class Planner:
             stacklevel=2,
         )
         return res, asked
+
+
+def _measured_alone(records: Sequence[PlanRecord]) -> int | None:
+    """The compiled peak the one graph of a step measured alone (:mod:`checkmate.compiled`),
+    or None: for steps of several graphs (each measured without the others' held bytes)
+    and graphs not measured compiled."""
+    if len(records) != 1 or records[0].compiled is None:
+        return None
+    return records[0].compiled.measured
 
 
 def _gradient_bytes(graph: Graph) -> int:
