@@ -176,6 +176,9 @@ class Planner:
             graph of the step is planned with that much room beside it, and a step not
             measured yet with as much per byte of its outputs' gradients as the most any
             step measured.
+        agreed: under a byte budget, the bytes the ranks agreed on at the latest plan (the
+            smallest any rank asks, :func:`checkmate.distributed.agree_bytes`; the bytes
+            asked without a process group).
         more_follows: whether more of the step runs after the graph being compiled
             (:func:`ends_at_graph_break`, :func:`called_from_model_code`).
         unsettled: step signature -> the graphs of it planned above an infeasible fraction
@@ -204,6 +207,7 @@ class Planner:
     latest: dict[object, list[int]] = field(default_factory=dict, repr=False)
     outside: dict[object, int] = field(default_factory=dict, repr=False)
     more_follows: bool = field(default=False, repr=False)
+    agreed: int | None = field(default=None, repr=False)
     unsettled: dict[object, list[_Unsettled]] = field(default_factory=dict, repr=False)
 
     @property
@@ -237,9 +241,9 @@ class Planner:
         else:
             inner = aot_autograd(fw_compiler=_as_is, bw_compiler=_as_is, partition_fn=self.partition)
 
-        def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], **configs: Any) -> Any:
             self.more_follows = ends_at_graph_break(gm) or called_from_model_code()
-            return inner(gm, example_inputs)
+            return inner(gm, example_inputs, **configs)
 
         return compile_graph
 
@@ -380,7 +384,9 @@ class Planner:
         bytes at a graph's forward/backward boundary), and the graphs after it the gradients
         their backwards left (``G``). Simulated, the step's peak is
         ``max_j(sum_{i<j} S_i + P_j + sum_{k>j} G_k)``, ``P`` a graph's own peak."""
-        asked = self.budget.nbytes
+        # the bytes every rank agreed on (each asks its own, measured apart): the decision to
+        # compile again is a collective one, and ranks deciding apart hung one in a collective
+        asked = self.agreed if self.agreed is not None else self.budget.nbytes
         assert asked is not None
         buckets = ddp_reserve()
         beside = buckets + fsdp_reserve()  # DDP's buckets, FSDP2's parameters: beside every graph
@@ -799,6 +805,7 @@ class Planner:
         budget = self.budget
         if budget.nbytes is not None:  # every rank decides below with the same bytes
             budget = replace(budget, nbytes=agree_bytes(budget.nbytes))
+            self.agreed = budget.nbytes
         # DDP's gradient buckets, FSDP2's unsharded parameters: live beside the graph
         reserve = ddp_reserve() + fsdp_reserve() + earlier
         # bytes for the graph alone (a fraction without a family: resolved in _plan)
