@@ -219,11 +219,9 @@ class Planner:
     def begin_step(self, signature: object) -> None:
         """Graphs compiled from now on belong to the training step with this input
         signature (their sizes decide which graph sets the step's peak)."""
-        pending = self.unsettled.get(signature)
-        if pending:  # its plan does not meet the fraction asked (see settle)
-            raise pending[0].error
         self.step = signature
         self.call = []
+        self.settle()  # a step whose plan does not meet the fraction asked raises at every call
 
     def settle(self) -> None:
         """At the end of a call's forward, when every graph of its step is compiled: raise
