@@ -3,6 +3,8 @@ and training a planned model beside its eager twin on the same batches."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -29,15 +31,28 @@ def spawn(
 ) -> None:
     """``torch.multiprocessing.spawn(fn, args, nprocs)``, with ranks still running after
     ``deadline`` seconds killed and the test failed, naming them, instead of a hung suite. A
-    rank that raised fails the test as under ``spawn``."""
-    ctx = torch.multiprocessing.start_processes(
-        fn, args=args, nprocs=nprocs, join=False, start_method="spawn"
-    )
+    rank that raised fails the test as under ``spawn``. A rank killed at the deadline first
+    prints every thread's Python stack on its stderr (faulthandler, on SIGABRT), which the
+    test's captured output shows: where it waited."""
+    before = os.environ.get("PYTHONFAULTHANDLER")
+    os.environ["PYTHONFAULTHANDLER"] = "1"  # inherited by the ranks: a stack dump on SIGABRT
+    try:
+        ctx = torch.multiprocessing.start_processes(
+            fn, args=args, nprocs=nprocs, join=False, start_method="spawn"
+        )
+    finally:
+        if before is None:
+            del os.environ["PYTHONFAULTHANDLER"]
+        else:
+            os.environ["PYTHONFAULTHANDLER"] = before
     end = time.monotonic() + deadline
     while not ctx.join(timeout=1.0):
         if time.monotonic() > end:
             alive = [k for k, p in enumerate(ctx.processes) if p.is_alive()]
             for p in ctx.processes:
+                if p.is_alive() and p.pid is not None:
+                    os.kill(p.pid, signal.SIGABRT)
+                    p.join(timeout=5.0)  # its stacks written (one rank at a time: not interleaved)
                 if p.is_alive():
                     p.kill()
             pytest.fail(f"rank(s) {alive} of {fn.__name__} still running after {deadline:.0f} s: killed")

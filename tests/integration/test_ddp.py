@@ -325,7 +325,9 @@ def test_ranks_asking_different_byte_budgets_decide_alike_to_plan_a_split_step_a
 
 
 @pytest.mark.parametrize("example", [False, True], ids=["planned-inside-ddp", "example-inputs"])
-def test_ddp_graph_splits_hold_a_byte_budget_or_say_they_cannot(tmp_path: Path, example: bool) -> None:
+def test_ddp_graph_splits_hold_a_byte_budget_or_say_they_cannot(
+    tmp_path: Path, example: bool, capfd: pytest.CaptureFixture[str]
+) -> None:
     # DDP's graph splitting runs a step as two graphs: the first holds what it saved while
     # the second runs, and the second's gradients while the first's backward runs. Where the
     # budget has room for that, each graph is planned with it (1.05x eager DDP's peak: within
@@ -343,7 +345,11 @@ def test_ddp_graph_splits_hold_a_byte_budget_or_say_they_cannot(tmp_path: Path, 
             # said, and run once more; every assertion below holds for the run that finished
             if "still running" not in str(exc):
                 raise
-            warnings.warn(f"DDP split workers hung and were run again: {exc}", RuntimeWarning, stacklevel=1)
+            err = capfd.readouterr().err
+            stacks = err[err.find("Fatal Python error") :]  # where the killed ranks waited
+            warnings.warn(
+                f"DDP split workers hung and were run again: {exc}\n{stacks}", RuntimeWarning, stacklevel=1
+            )
             spawn(_split_worker, (free_port(), str(out), share, example), WORLD)
         for r in range(WORLD):
             doc = json.loads((out / f"rank{r}.json").read_text())
@@ -365,9 +371,14 @@ def _asleep(rank: int) -> None:
     time.sleep(600)
 
 
-def test_ranks_still_running_at_their_deadline_are_killed_and_fail_the_test() -> None:
-    # what keeps a rank that never exits from hanging the suite (it did once, in CI)
+def test_ranks_still_running_at_their_deadline_are_killed_and_fail_the_test(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # what keeps a rank that never exits from hanging the suite (it did once, in CI), and
+    # says where each waited
     t0 = time.monotonic()
     with pytest.raises(pytest.fail.Exception, match=r"rank\(s\) \[0, 1\] of _asleep still running"):
-        spawn(_asleep, (), 2, deadline=2.0)
+        spawn(_asleep, (), 2, deadline=5.0)
     assert time.monotonic() - t0 < 60
+    err = capfd.readouterr().err
+    assert err.count("Fatal Python error: Aborted") == 2, err  # each rank's stacks
