@@ -1213,7 +1213,7 @@ class _PlanOrderChoices:
     made by the same rule: Inductor places a fused kernel where its first member was and
     runs what it needs before it, so the consumer's result, and what was computed between
     for it, are allocated while what the plan frees between the two is still held. Left to
-    Inductor, a Hugging Face ALBERT planned at 2.50 MiB measured 2.83 MiB compiled (2.27 MiB
+    Inductor, a Hugging Face ALBERT planned at 2.50 MiB measured 2.83 MiB compiled (2.24 MiB
     with the rule), and one plan of a GPT-2 (4 layers, d=128, 8 x 256 tokens) at 71.80 MiB
     measured 74.37 MiB (56.87 MiB: the compiled check then plans higher). Neighbours (what
     :mod:`checkmate.fusion` models) are left to Inductor.

@@ -223,6 +223,20 @@ def _buffer(nbytes: int) -> SimpleNamespace:
     )
 
 
+def _scheduled(
+    kernels: list[_Kernel], sizes: dict[str, int], outputs: list[str]
+) -> tuple[SimpleNamespace, SimpleNamespace]:
+    """A scheduler of ``kernels`` over buffers of ``sizes`` bytes, and the graph handler
+    naming its ``outputs``: what the fusion rules read of Inductor's state."""
+    scheduler = SimpleNamespace(nodes=kernels, name_to_buf={n: _buffer(b) for n, b in sizes.items()})
+    graph = SimpleNamespace(
+        get_output_names=lambda: outputs,
+        graph_inputs={},
+        sizevars=SimpleNamespace(optimization_hint=lambda d, fallback=None: d),
+    )
+    return scheduler, graph
+
+
 class _Prior:
     """The heuristics in force before the plan's compile: they allow every fusion but those
     listed in ``refused`` (pairs of positions)."""
@@ -252,12 +266,7 @@ def test_inductor_fuses_kernels_horizontally_only_within_the_budget() -> None:
     reads = {0: ("x",), 1: ("x",), 2: ("o",), 3: ("y",), 4: ("y",), 6: ("z",)}
     kernels = [_Kernel(k, reads.get(k, ()), (50, 100) if k < 5 else None) for k in range(8)]
     sizes = {"x": 40, "y": 80, "z": 8, "o": 4096}
-    scheduler = SimpleNamespace(nodes=kernels, name_to_buf={n: _buffer(b) for n, b in sizes.items()})
-    graph = SimpleNamespace(
-        get_output_names=lambda: ["o"],
-        graph_inputs={},
-        sizevars=SimpleNamespace(optimization_hint=lambda d, fallback=None: d),
-    )
+    scheduler, graph = _scheduled(kernels, sizes, outputs=["o"])
     prior = _Prior(refused={(1, 2)})
     choices = _PlanOrderChoices(prior)
 
@@ -288,12 +297,7 @@ def test_inductor_fuses_a_producer_into_a_distant_consumer_only_within_the_budge
     reads = {0: ("x",), 1: ("x",), 2: ("p",), 3: ("w",), 4: ("p",)}
     kernels = [_Kernel(k, reads.get(k, ()), (88, 100)) for k in range(7)]
     sizes = {"x": 40, "p": 4, "w": 20}
-    scheduler = SimpleNamespace(nodes=kernels, name_to_buf={n: _buffer(b) for n, b in sizes.items()})
-    graph = SimpleNamespace(
-        get_output_names=lambda: [],
-        graph_inputs={},
-        sizevars=SimpleNamespace(optimization_hint=lambda d, fallback=None: d),
-    )
+    scheduler, graph = _scheduled(kernels, sizes, outputs=[])
 
     def fuse(a: int, b: int, refused: frozenset[tuple[int, int]] = frozenset()) -> bool:
         return _PlanOrderChoices(_Prior(set(refused))).can_fuse_vertical(scheduler, kernels[a], kernels[b], 1)
