@@ -72,7 +72,7 @@ class DeviceTable(Generic[V]):
         wrote meanwhile; atomic replace); a file that cannot be written is warned about."""
         while self._new:
             path, (tag, new) = self._new.popitem()
-            merged = self._read(Path(path))
+            merged = self._read(Path(path), quiet=True)  # its reader warned already
             merged.update(new)
             doc = {"format": self.fmt, "version": self.version, "device_tag": tag, "ops": merged}
             try:
@@ -87,18 +87,27 @@ class DeviceTable(Generic[V]):
     def _path(self, tag: str) -> str | None:
         return str(cache_dir() / self.folder / f"{tag}.json") if cache_enabled() else None
 
-    def _read(self, path: Path) -> dict[str, V]:
+    def _read(self, path: Path, *, quiet: bool = False) -> dict[str, V]:
+        """The entries of ``path``; none (with a warning, unless ``quiet``) from a file that
+        cannot be read or holds another format or version, which the next flush replaces."""
         try:
             doc = json.loads(path.read_text())
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as exc:
-            warnings.warn(f"ignoring unreadable {self.what} {path}: {exc}", self.warning, stacklevel=4)
+            if not quiet:
+                warnings.warn(f"ignoring unreadable {self.what} {path}: {exc}", self.warning, stacklevel=4)
             return {}
         if not isinstance(doc, dict) or doc.get("format") != self.fmt or doc.get("version") != self.version:
-            warnings.warn(
-                f"ignoring {self.what} {path} of another format or version", self.warning, stacklevel=4
-            )
+            if not quiet:
+                found = (doc.get("format"), doc.get("version")) if isinstance(doc, dict) else (None, None)
+                warnings.warn(
+                    f"ignoring {self.what} {path}: written as {found[0]!r} version {found[1]}, this "
+                    f"checkmate reads {self.fmt!r} version {self.version}; its ops are measured again "
+                    "and the file replaced",
+                    self.warning,
+                    stacklevel=4,
+                )
             return {}
         ops = doc.get("ops", {})
         if not isinstance(ops, dict):
