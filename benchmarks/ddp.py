@@ -92,6 +92,10 @@ def _worker(rank: int, port: int, args: dict[str, Any], out: str) -> None:
     try:
         rows = _ddp(rank, args) + _fsdp(rank, args)
         Path(out, f"rank{rank}.json").write_text(json.dumps(rows))
+        # before the group goes, gloo's threads drop the backward's collectives, which need
+        # the GIL its destructor holds (tests/integration/_dist.py, settle)
+        torch.distributed.barrier()
+        time.sleep(0.2)
     finally:
         torch.distributed.destroy_process_group()
 

@@ -19,6 +19,28 @@ import torch
 RANKS_DEADLINE = 300.0
 
 
+#: seconds :func:`settle` leaves the GIL free after its barrier
+SETTLE_S = 0.2
+
+
+def settle() -> None:
+    """Call at the end of a rank's work, before its process group and DDP modules go: a
+    barrier, then a moment without the GIL.
+
+    Each ``backward()`` stashes a Python object (a ``contextvars.Context``) in the thread-local
+    state that the collectives it launches carry to gloo's worker threads, so a worker thread
+    that drops a finished collective takes the GIL. The process group's C++ destructor joins
+    those threads while the GIL is held (pytorch/pytorch#56297): dropped with DDP's reducer at
+    the worker's return, it waited forever on a thread waiting for the GIL (a rank of the DDP
+    split test, in CI twice and once here; gdb: ``~Reducer`` -> ``~ProcessGroupGloo`` ->
+    ``thread::join`` on one thread, ``~AsyncAllreduceWork`` -> ``~ThreadLocalState`` ->
+    ``gil_scoped_acquire`` on another). The barrier is enqueued under the lock that thread
+    holds, and the sleep lets it take the GIL and finish.
+    """
+    torch.distributed.barrier()
+    time.sleep(SETTLE_S)
+
+
 def free_port() -> int:
     """A TCP port free on the loopback interface right now."""
     with socket.socket() as s:

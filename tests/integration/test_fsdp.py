@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.integration._dist import free_port, spawn, train_twins
+from tests.integration._dist import free_port, settle, spawn, train_twins
 
 pytestmark = [pytest.mark.torch, pytest.mark.skipif(sys.platform == "win32", reason="gloo on Linux/macOS")]
 
@@ -43,6 +43,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     try:
         Path(out, f"rank{rank}.json").write_text(json.dumps(_train(rank)))
+        settle()
     finally:
         torch.distributed.destroy_process_group()
 
@@ -172,5 +173,6 @@ def _error_worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     try:
         Path(out, f"errors{rank}.json").write_text(json.dumps(_wrong_orders()))
+        settle()
     finally:
         torch.distributed.destroy_process_group()
