@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -83,6 +84,11 @@ def main() -> None:
         f"parameters vs eager DDP: max difference {diff:.3g}",
         flush=True,
     )
+    # On gloo, let its threads finish with the backward's collectives before the DDP modules
+    # and the group go: they take the GIL, which the group's destructor holds while it joins
+    # them (pytorch/pytorch#56297; a rank then never exits, about one run in twenty under load)
+    dist.barrier()
+    time.sleep(0.2)
     dist.destroy_process_group()
 
 
