@@ -136,7 +136,8 @@ def op_signature(node: torch.fx.Node) -> str:
 
 
 def device_tag(device: torch.device | str) -> str:
-    """Identifies what a measured time depends on: device model, threads, torch version."""
+    """Identifies what a measured time depends on: device model (on the CPU with its feature
+    flags), threads, torch version."""
     dev = torch.device(device)
     if dev.type == "cuda":
         desc = f"cuda:{torch.cuda.get_device_name(dev)}:cuda{torch.version.cuda}"
@@ -146,14 +147,28 @@ def device_tag(device: torch.device | str) -> str:
     return hashlib.sha256(desc.encode()).hexdigest()[:16] + "-" + dev.type
 
 
-def _cpu_model() -> str:
+def _cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name and a digest of its feature flags (of ``cpuinfo``, the text of
+    ``/proc/cpuinfo``, read when None).
+
+    One name can cover CPUs that run other kernels: "AMD EPYC" names machines with and
+    without ``avx512_bf16``, on which oneDNN's bfloat16 convolutions take other times and
+    other scratch. A cache folder shared between such machines (a cluster's home directory)
+    must keep their measurements apart.
+    """
+    model = flags = ""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and not model:
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = " ".join(sorted(value.split()))
+    model = model or platform.processor() or platform.machine()
+    return f"{model}:{hashlib.sha256(flags.encode()).hexdigest()[:12]}" if flags else model
 
 
 # --- materializing inputs --------------------------------------------------------------

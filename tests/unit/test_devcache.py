@@ -43,3 +43,17 @@ def test_a_table_of_an_older_version_is_measured_again_with_one_warning_and_repl
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert table.table("tag-cpu") == {"op": 8192}  # the new file reads back, silently
+
+
+def test_cpus_of_one_name_with_other_features_keep_their_measurements_apart() -> None:
+    from checkmate.timing import _cpu_model
+
+    def cpuinfo(flags: str) -> str:
+        core = "processor\t: {}\nmodel name\t: AMD EPYC\nflags\t\t: {}\n"
+        return core.format(0, flags) + "\n" + core.format(1, flags)
+
+    zen3, zen4 = cpuinfo("fpu avx2 avx512f"), cpuinfo("fpu avx2 avx512f avx512_bf16")
+    assert _cpu_model(zen3) != _cpu_model(zen4)  # a shared cache folder keeps them apart
+    assert _cpu_model(zen3) == _cpu_model(cpuinfo("avx512f fpu avx2"))  # the flags' order is not a CPU
+    assert _cpu_model(zen4).startswith("AMD EPYC:")
+    assert _cpu_model("model name\t: AMD EPYC\n") == "AMD EPYC"  # no flags listed: the name alone
