@@ -20,6 +20,7 @@ roofline estimate of the shipped profile for its device kind, with a ProfileWarn
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import operator
 import os
@@ -142,26 +143,31 @@ def device_tag(device: torch.device | str) -> str:
     if dev.type == "cuda":
         desc = f"cuda:{torch.cuda.get_device_name(dev)}:cuda{torch.version.cuda}"
     else:
-        desc = f"{dev.type}:{_cpu_model()}:{os.cpu_count()}cpus:{torch.get_num_threads()}threads"
+        desc = f"{dev.type}:{_this_cpu()}:{os.cpu_count()}cpus:{torch.get_num_threads()}threads"
     desc += f":torch{torch.__version__}"
     return hashlib.sha256(desc.encode()).hexdigest()[:16] + "-" + dev.type
 
 
-def _cpu_model(cpuinfo: str | None = None) -> str:
-    """The CPU's model name and a digest of its feature flags (of ``cpuinfo``, the text of
-    ``/proc/cpuinfo``, read when None).
+@functools.cache
+def _this_cpu() -> str:
+    """:func:`_cpu_model` of this machine's ``/proc/cpuinfo`` (read once per process)."""
+    try:
+        return _cpu_model(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return _cpu_model("")
 
-    One name can cover CPUs that run other kernels: "AMD EPYC" names machines with and
+
+def _cpu_model(cpuinfo: str) -> str:
+    """The CPU's model name and a digest of its feature flags, from ``cpuinfo`` (the text of
+    ``/proc/cpuinfo``; without a model name, the platform's).
+
+    One name can cover CPUs that run other kernels: "AMD EPYC" can name machines with and
     without ``avx512_bf16``, on which oneDNN's bfloat16 convolutions take other times and
     other scratch. A cache folder shared between such machines (a cluster's home directory)
     must keep their measurements apart.
     """
     model = flags = ""
-    try:
-        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
-    except OSError:
-        text = ""
-    for line in text.splitlines():
+    for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         if key.strip() == "model name" and not model:
             model = value.strip()

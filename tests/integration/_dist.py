@@ -3,11 +3,13 @@ and training a planned model beside its eager twin on the same batches."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -39,6 +41,25 @@ def settle() -> None:
     """
     torch.distributed.barrier()
     time.sleep(SETTLE_S)
+
+
+#: a collective waiting longer raises instead of hanging the test (gloo's default: 30 min);
+#: under the ranks' deadline
+COLLECTIVE_TIMEOUT = timedelta(seconds=180)
+
+
+@contextlib.contextmanager
+def process_group(rank: int, port: int, world: int) -> Iterator[None]:
+    r"""A rank's gloo process group on the loopback at ``port``, one torch thread, checkmate's
+    plan cache off; on success the rank :func:`settle`\ s before the group is destroyed."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CHECKMATE_CACHE="0")
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
+    torch.set_num_threads(1)
+    try:
+        yield
+        settle()
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 def free_port() -> int:

@@ -25,13 +25,11 @@ from typing import Any
 import pytest
 import torch
 
-from tests.integration._dist import free_port, settle, spawn, train_twins
+from tests.integration._dist import free_port, process_group, spawn, train_twins
 
 pytestmark = [pytest.mark.torch, pytest.mark.skipif(sys.platform == "win32", reason="gloo on Linux/macOS")]
 
 WORLD = 2
-#: a collective waiting longer fails the test instead of hanging it (gloo's default: 30 min)
-TIMEOUT = timedelta(seconds=180)
 STEPS = 3
 #: per-rank budget as a share of eager DDP's measured step peak
 SHARE = {"transformer_dropout": 0.5, "cnn_batchnorm": 0.7}
@@ -47,14 +45,8 @@ def _model(kind: str) -> tuple[torch.nn.Module, torch.Tensor]:
 
 
 def _worker(rank: int, kind: str, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CHECKMATE_CACHE="0")
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=TIMEOUT)
-    torch.set_num_threads(1)
-    try:
+    with process_group(rank, port, WORLD):
         _train(rank, kind, out)
-        settle()
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 def _train(rank: int, kind: str, out: str) -> None:
@@ -241,15 +233,12 @@ def test_the_planners_collectives_run_without_fake_mode_or_the_python_dispatcher
 def _split_mlp(
     rank: int, port: int
 ) -> Iterator[tuple[Callable[[], Any], torch.Tensor, Callable[[Any], None]]]:
-    """In a gloo process group of ``WORLD`` ranks: a builder of an MLP that DDP's graph
+    """In a process group of ``WORLD`` ranks (:func:`process_group`): a builder of an MLP that DDP's graph
     splitting cuts in two at its first (1 MiB) gradient bucket (the same weights on every
     rank), this rank's batch, and a step (zeroed gradients, forward, backward) on it."""
     from torch import nn
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CHECKMATE_CACHE="0")
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=TIMEOUT)
-    torch.set_num_threads(1)
-    try:
+    with process_group(rank, port, WORLD):
 
         def mlp() -> nn.Module:
             torch.manual_seed(0)
@@ -262,9 +251,6 @@ def _split_mlp(
             m(x).sum().backward()
 
         yield mlp, x, step
-        settle()
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 def _split_worker(rank: int, port: int, out: str, share: float, example: bool) -> None:

@@ -16,36 +16,26 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import sys
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.integration._dist import free_port, settle, spawn, train_twins
+from tests.integration._dist import free_port, process_group, spawn, train_twins
 
 pytestmark = [pytest.mark.torch, pytest.mark.skipif(sys.platform == "win32", reason="gloo on Linux/macOS")]
 
 WORLD = 2
-#: a collective waiting longer fails the test instead of hanging it (gloo's default: 30 min)
-TIMEOUT = timedelta(seconds=180)
 STEPS = 3
 #: per-rank step budget as a share of eager FSDP2's measured step peak, split evenly over the blocks
 SHARE = 0.75
 
 
 def _worker(rank: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CHECKMATE_CACHE="0")
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=TIMEOUT)
-    torch.set_num_threads(1)
-    try:
+    with process_group(rank, port, WORLD):
         Path(out, f"rank{rank}.json").write_text(json.dumps(_train(rank)))
-        settle()
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 def _model() -> torch.nn.Module:
@@ -168,11 +158,5 @@ def test_fsdp2_orders_that_cannot_be_planned_raise_and_name_the_supported_one(tm
 
 
 def _error_worker(rank: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CHECKMATE_CACHE="0")
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=TIMEOUT)
-    torch.set_num_threads(1)
-    try:
+    with process_group(rank, port, WORLD):
         Path(out, f"errors{rank}.json").write_text(json.dumps(_wrong_orders()))
-        settle()
-    finally:
-        torch.distributed.destroy_process_group()
