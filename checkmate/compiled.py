@@ -234,7 +234,8 @@ def compiled_peak(
             differs, is made up as op timing makes its inputs (random floats, zero
             integers and booleans, the example value's strides).
     """
-    fw, bw = copy.deepcopy(modules.forward), copy.deepcopy(modules.backward)
+    with real_tensors():  # a constant the graph holds (DeBERTa's) is real: copied outside the fake mode
+        fw, bw = copy.deepcopy(modules.forward), copy.deepcopy(modules.backward)
     fw_ph = [n for n in fw.graph.nodes if n.op == "placeholder"]
     bw_ph = [n for n in bw.graph.nodes if n.op == "placeholder"]
     tangent_ph = [n for n in bw_ph if n.name.startswith("tangents")]

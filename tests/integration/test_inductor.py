@@ -243,3 +243,33 @@ def test_a_plan_made_inside_a_profiler_is_not_taken_as_measured() -> None:
     with pytest.raises(checkmate.InfeasibleBudgetError) as info, torch.profiler.profile(profile_memory=True):
         low(y, y).backward()
     assert any("a profiler is running" in n for n in getattr(info.value, "__notes__", []))
+
+
+class _ConstantInForward(torch.nn.Module):
+    """A tensor made inside ``forward`` (DeBERTa's relative positions are): Dynamo lifts it
+    into the graph as a real constant, held by the generated forward module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(64, 256)
+        self.b = torch.nn.Linear(256, 64)
+
+    def forward(self, x: Any) -> Any:
+        w = torch.tensor([0.5, 1.5, 2.0, 1.0]).repeat(16)
+        return (self.b(torch.tanh(torch.relu(self.a(x * w)))) ** 2).mean()
+
+
+def test_a_constant_made_in_forward_does_not_stop_the_compiled_check() -> None:
+    # the check copied the plan's halves under AOTAutograd's fake mode, and copying the real
+    # constant failed ("set the storage of a tensor on device meta"): the plan ran unchecked
+    torch.manual_seed(0)
+    model, x = _ConstantInForward(), torch.randn(256, 64)
+    ref = torch.compile(copy.deepcopy(model), dynamic=False)
+    ref_grads = _grads(ref, x)
+    peak = measure_peak(lambda: _grads(model, x), method="allocator")  # eager's
+    opt = checkmate.optimize(copy.deepcopy(model), int(0.8 * peak), compiler="inductor", time_limit=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BudgetWarning)
+        _assert_close(_grads(opt, x), ref_grads)
+    (rec,) = checkmate.plans_of(opt)
+    assert rec.compiled is not None and rec.compiled.error is None and rec.compiled.measured is not None
