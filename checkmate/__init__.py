@@ -32,6 +32,7 @@ __all__ = [
     "CheckmateError",
     "GraphError",
     "InfeasibleBudgetError",
+    "OverheadWarning",
     "PlanError",
     "ScheduleError",
     "SolverError",
@@ -51,6 +52,7 @@ _LAZY = {
     "plans_of": "checkmate.api",
     "UnplannedWarning": "checkmate.api",
     "BudgetWarning": "checkmate.runtime",
+    "OverheadWarning": "checkmate.runtime",
 }
 
 

@@ -68,7 +68,7 @@ from solvers.strategies.baselines import checkpoint_all
 #: planning progress at INFO (one line per stage that takes seconds, one per plan); see README
 log = logging.getLogger("checkmate")
 
-__all__ = ["COMPILERS", "BudgetWarning", "PlanRecord", "Planner"]
+__all__ = ["COMPILERS", "BudgetWarning", "OverheadWarning", "PlanRecord", "Planner"]
 
 #: graphs of one step planned with one another in view whose simulated peak together is at
 #: most this share of a byte budget are not warned about: the simulation of a step's graphs
@@ -96,6 +96,18 @@ class BudgetWarning(UserWarning):
     fraction is infeasible for it, and it is too small a part of its step to set the step's
     peak, see :meth:`Planner.partition`), or ``compiler="inductor"`` runs the step with
     buffers of Inductor's own, whose peak the plan does not bound exactly."""
+
+
+class OverheadWarning(UserWarning):
+    """A plan at least doubles its graph's compute (:data:`COSTLY`): the budget is close to
+    the least the graph runs in, where the cost of each byte saved climbs steeply (a Hugging
+    Face MPNet's graph under ``compiler="inductor"``: +1,017% at 3.78 MiB, +38% at 4.06 MiB).
+    The budget holds; the step is slow."""
+
+
+#: a plan whose compute is more than this over its graph's, without recomputation, warns
+#: (:class:`OverheadWarning`)
+COSTLY = 1.0
 
 
 @dataclass(frozen=True)
@@ -201,6 +213,7 @@ class Planner:
     warned_unchecked: bool = field(default=False, repr=False)
     call: list[int] = field(default_factory=list, repr=False)
     warned_split: bool = field(default=False, repr=False)
+    warned_costly: bool = field(default=False, repr=False)
     split: dict[object, tuple[tuple[int, int], ...]] = field(default_factory=dict, repr=False)
     replan_pending: bool = field(default=False, repr=False)
     inputs: Sequence[Any] | None = field(default=None, repr=False)
@@ -337,11 +350,34 @@ class Planner:
             ]
         if self.budget.nbytes is not None and len(self.call) > 1 and not self.warned_split:
             self._check_split(profile_id)
+        self._warn_if_costly(self.records[-1])
         if log.isEnabledFor(logging.INFO):
             rec = self.records[-1]
             took = ", ".join(f"{k} {v:.1f} s" for k, v in spent.items())
             log.info("%s; plan cache %s; %s", rec.summary(), rec.cache, took)
         return out
+
+    def _warn_if_costly(self, rec: PlanRecord) -> None:
+        """An :class:`OverheadWarning`, once per planner, for a plan whose compute exceeds
+        its graph's by more than :data:`COSTLY`."""
+        g, res = rec.joint.graph, rec.result
+        if self.warned_costly or not g.total_cost or res.cost is None:
+            return
+        overhead = res.cost / g.total_cost - 1.0
+        if overhead <= COSTLY:
+            return
+        self.warned_costly = True
+        chosen = res.info.get("chosen", res.strategy)
+        warnings.warn(
+            f"graph {rec.index} ({g.n - 1} ops): the plan for a budget of {format_bytes(rec.budget or 0)} "
+            f"recomputes {rec.recomputes:,} values, {overhead:+.0%} of the step's compute (chosen by "
+            f"{chosen}). The budget is close to the least this graph runs in, where each byte saved "
+            "costs much more compute: a slightly larger budget can cost a fraction of this, and a "
+            "longer time_limit lets the solvers search further (`checkmate sweep` on the graph saved "
+            "by `checkmate trace` shows the cost at each budget)",
+            OverheadWarning,
+            stacklevel=3,
+        )
 
     def _or_keep_all(
         self,

@@ -436,3 +436,32 @@ def test_a_step_under_cpu_autocast_is_planned_and_equals_eager() -> None:
     records = plans_of(opt)
     assert len(records) == 2  # autocast on and off are two graphs, each planned
     assert records[0].result.schedule is not None and records[0].modules.recomputes > 0
+
+
+def _deep_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[m for _ in range(16) for m in (nn.Linear(64, 64), nn.Tanh())])
+
+
+def test_a_plan_that_more_than_doubles_the_step_warns_once() -> None:
+    import warnings
+
+    x = torch.randn(1024, 64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # LP rounding at 0.4 of the keep-all peak: every layer recomputed several times
+        slow = checkmate.optimize(
+            _deep_mlp(), 0.4, strategy="lp-rounding", time_limit=10, example_inputs=(x,)
+        )
+        for _ in range(2):
+            slow(x).sum().backward()
+        fine = checkmate.optimize(_deep_mlp(), 0.8, time_limit=10, example_inputs=(x,))
+        fine(x).sum().backward()
+    (rec,) = plans_of(slow)
+    g = rec.joint.graph
+    assert rec.result.cost is not None and rec.result.cost > 2 * g.total_cost  # the case at hand
+    (fine_rec,) = plans_of(fine)
+    assert fine_rec.result.cost is not None and fine_rec.result.cost < 2 * g.total_cost
+    costly = [str(w.message) for w in caught if issubclass(w.category, checkmate.OverheadWarning)]
+    assert len(costly) == 1, costly  # the slow plan's, once; none for the plan at 0.8
+    assert "of the step's compute" in costly[0] and "lp-rounding" in costly[0]
