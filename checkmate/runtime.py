@@ -99,7 +99,7 @@ class BudgetWarning(UserWarning):
 
 
 class OverheadWarning(UserWarning):
-    """A plan at least doubles its graph's compute (:data:`COSTLY`): the budget is close to
+    """A plan more than doubles its graph's compute (:data:`COSTLY`): the budget is close to
     the least the graph runs in, where the cost of each byte saved climbs steeply (a Hugging
     Face MPNet's graph under ``compiler="inductor"``: +1,017% at 3.78 MiB, +38% at 4.06 MiB).
     The budget holds; the step is slow."""
