@@ -113,12 +113,17 @@ class PlanRecord:
         """True when the plan runs what eager PyTorch runs: no recomputes, nothing paged."""
         return self.modules.recomputes == 0 and not self.paged
 
+    @property
+    def overhead(self) -> float:
+        """The plan's compute over its graph's without recomputation, less one (0.25: +25%)."""
+        g = self.joint.graph
+        return (self.result.cost or 0.0) / g.total_cost - 1.0 if g.total_cost else 0.0
+
     def summary(self) -> str:
         """One line: graph size, budget, simulated peak, cost overhead, strategy."""
         res = self.result
         g = self.joint.graph
         chosen = res.info.get("chosen", res.strategy)
-        overhead = (res.cost or 0.0) / g.total_cost - 1.0 if g.total_cost else 0.0
         gap = (
             f", gap to bound {format_change(res.gap).lstrip('+')}"
             if res.gap is not None and self.reused_from is None
@@ -156,5 +161,5 @@ class PlanRecord:
             f"graph {self.index}: {g.n - 1} ops, budget {format_bytes(budget)} "
             f"({budget / max(self.reference_peak, 1):.0%} of {format_bytes(self.reference_peak)}), "
             f"simulated peak {format_bytes(res.peak or 0)}, {self.recomputes} recomputes, "
-            f"{format_change(overhead)} compute, {chosen} ({res.status}){gap}"
+            f"{format_change(self.overhead)} compute, {chosen} ({res.status}){gap}"
         )

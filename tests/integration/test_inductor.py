@@ -267,7 +267,9 @@ def test_a_constant_made_in_forward_does_not_stop_the_compiled_check() -> None:
     ref = torch.compile(copy.deepcopy(model), dynamic=False)
     ref_grads = _grads(ref, x)
     peak = measure_peak(lambda: _grads(model, x), method="allocator")  # eager's
-    opt = checkmate.optimize(copy.deepcopy(model), int(0.8 * peak), compiler="inductor", time_limit=10)
+    opt = checkmate.optimize(
+        copy.deepcopy(model), int(0.8 * peak), compiler="inductor", time_limit=10, profile="cpu"
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error", BudgetWarning)
         _assert_close(_grads(opt, x), ref_grads)
