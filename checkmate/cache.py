@@ -43,7 +43,8 @@ from typing import Any
 from checkmate.timers import stage
 from solvers import Graph, SolveResult, __version__, solve
 from solvers.api import resolve_budget
-from solvers.budget import Budget, BudgetSpec, parse_budget
+from solvers.boundary import boundary_hold
+from solvers.budget import Budget, BudgetSpec, format_bytes, parse_budget
 from solvers.errors import CheckmateError, PlanError
 from solvers.plan import (
     PLAN_VERSION,
@@ -91,10 +92,14 @@ def key_parts(
     strategy: str,
     options: Mapping[str, Any] | None = None,
     profile_id: str = "",
+    boundary: int | None = None,
 ) -> dict[str, Any]:
-    """What the cache key hashes, by name (stored in each plan so a mismatch can be named)."""
+    """What the cache key hashes, by name (stored in each plan so a mismatch can be named);
+    ``boundary`` (:attr:`solvers.budget.Budget.boundary`) only when set, so that the keys
+    of plans without one stay as they were."""
     names = hashlib.sha256(repr([(nd.name, nd.op) for nd in graph.nodes]).encode()).hexdigest()
-    return {
+    bound = {} if boundary is None else {"boundary_bytes": int(boundary)}
+    return bound | {
         "graph": graph_fingerprint(graph),
         "names": names,
         "costs": cost_fingerprint(graph),
@@ -115,9 +120,10 @@ def cache_key(
     strategy: str,
     options: Mapping[str, Any] | None = None,
     profile_id: str = "",
+    boundary: int | None = None,
 ) -> str:
     """The sha256 hex digest naming the plan for these inputs (see :func:`key_parts`)."""
-    return _digest(key_parts(graph, budget_bytes, strategy, options, profile_id))
+    return _digest(key_parts(graph, budget_bytes, strategy, options, profile_id, boundary))
 
 
 def _digest(parts: Mapping[str, Any]) -> str:
@@ -171,21 +177,21 @@ def cached_solve(
         budget_bytes, resolved = -1, spec
     else:  # resolved once, carrying the keep-all peak: solve() does not simulate it again
         budget_bytes, ref = resolve_budget(graph, spec)
-        resolved = Budget(nbytes=budget_bytes, reference=ref)
-    parts = key_parts(graph, budget_bytes, strategy, opts, profile_id)
+        resolved = Budget(nbytes=budget_bytes, reference=ref, boundary=spec.boundary)
+    parts = key_parts(graph, budget_bytes, strategy, opts, profile_id, spec.boundary)
     key = _digest(parts)
     cached = cache_dir() / f"{key}.json" if cache_enabled() else None
     path: Path | None = cached
     pinned = Path(plan_path) if plan_path is not None else None
     if pinned is not None:
-        hit, may_add = _from_pinned(pinned, graph, budget_bytes, key, parts)
+        hit, may_add = _from_pinned(pinned, graph, budget_bytes, key, parts, spec.boundary)
         if hit is not None:
             return hit
         if may_add:
             path = pinned
 
     if path is not None and path != pinned and path.exists():
-        hit = _load(path, graph, budget_bytes, key, parts, time_limit)
+        hit = _load(path, graph, budget_bytes, key, parts, time_limit, spec.boundary)
         if hit is not None:
             return hit
 
@@ -218,7 +224,7 @@ _PIN_MAY_DIFFER = ("costs", "planner")
 
 
 def _from_pinned(
-    path: Path, graph: Graph, budget_bytes: int, key: str, parts: Mapping[str, Any]
+    path: Path, graph: Graph, budget_bytes: int, key: str, parts: Mapping[str, Any], boundary: int | None
 ) -> tuple[SolveResult | None, bool]:
     """(a plan from the user's file ``path``, or None; whether a new plan may be added to it).
 
@@ -243,7 +249,8 @@ def _from_pinned(
                 continue  # the same graph at another budget (or strategy, options, profile)
         try:
             plan = plan_from_dict(entry, graph, path=path)
-            return _hit(path, plan, graph, budget_bytes, key, parts, ignore=_PIN_MAY_DIFFER), False
+            hit = _hit(path, plan, graph, budget_bytes, key, parts, ignore=_PIN_MAY_DIFFER, boundary=boundary)
+            return hit, False
         except (CheckmateError, ValueError, KeyError, TypeError) as exc:
             reasons.append(str(exc))
     if is_set and not reasons:
@@ -281,6 +288,7 @@ def _load(
     key: str,
     parts: Mapping[str, Any],
     time_limit: float | None,
+    boundary: int | None,
 ) -> SolveResult | None:
     """The cached result stored in ``path`` if it is sound for these inputs; else warn and None."""
     try:
@@ -288,7 +296,7 @@ def _load(
         doc = plan.doc
         if doc.get("cache_key") is None or "checksum" not in doc:
             raise PlanError(f"{path}: plan lacks its cache key or checksum (written by hand?)")
-        res = _hit(path, plan, graph, budget_bytes, key, parts)
+        res = _hit(path, plan, graph, budget_bytes, key, parts, boundary=boundary)
     except (CheckmateError, ValueError, KeyError, TypeError) as exc:
         warnings.warn(f"rejected plan file, re-planning: {exc}", PlanCacheWarning, stacklevel=3)
         return None
@@ -305,9 +313,11 @@ def _hit(
     key: str,
     parts: Mapping[str, Any],
     ignore: tuple[str, ...] = (),
+    boundary: int | None = None,
 ) -> SolveResult:
     """The result of a plan read from ``path``, checked against this request's key parts
-    (but those in ``ignore``) and replayed by the simulator within the budget.
+    (but those in ``ignore``) and replayed by the simulator within the budget (and holding
+    at most ``boundary`` bytes at its forward/backward boundary, when given).
 
     Raises:
         PlanError, SimulationError: the plan is not for this request or does not replay.
@@ -328,6 +338,12 @@ def _hit(
         budget_bytes = int(plan.doc["budget_bytes"])
     with stage("validate"):  # the replay a cache hit costs (benchmarks count them)
         sim = validate(graph, plan.schedule, budget_bytes)
+        hold = boundary_hold(graph, plan.schedule) if boundary is not None else 0
+    if boundary is not None and hold > boundary:
+        raise PlanError(
+            f"{path}: plan holds {format_bytes(hold)} at its forward/backward boundary, over the "
+            f"{format_bytes(boundary)} asked"
+        )
     lower = doc.get("lower_bound")
     info = dict(doc.get("info") or {})
     info.update(

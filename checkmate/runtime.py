@@ -57,12 +57,13 @@ from checkmate.stepcheck import STEP_SLACK, abort_windows
 from checkmate.timers import stage
 from checkmate.trace import JointGraph, build_graph, correct_traced_dtypes, recompute_dropout_from_mask
 from solvers.api import no_plan_error
+from solvers.boundary import boundary_hold
 from solvers.budget import Budget, format_bytes
 from solvers.errors import InfeasibleBudgetError
 from solvers.graph import Graph
 from solvers.resize import structure
 from solvers.result import SolveResult
-from solvers.schedule import COMPUTE, PAGEIN, PAGEOUT, keep_all_peak, simulate
+from solvers.schedule import PAGEIN, PAGEOUT, keep_all_peak, simulate
 from solvers.strategies.baselines import checkpoint_all
 
 #: planning progress at INFO (one line per stage that takes seconds, one per plan); see README
@@ -696,27 +697,37 @@ class Planner:
         """:meth:`_solve` under a byte budget less what the other graphs of this call hold
         while this one runs (graph breaks, and DDP's graph splits at its gradient buckets:
         their forwards run in order and their backwards in reverse): the graphs before it,
-        what they saved; the graphs after it, their least peaks (room for them) or else the
-        gradients they leave (:meth:`_later_room`). Each reserve that leaves no plan gives
-        way to the next smaller one, down to the whole budget as before; :meth:`_check_split`
-        then says what the step can reach."""
+        what they saved; the graphs after it, the gradients they leave, and at this graph's
+        forward/backward boundary, where they run, their least peaks (:meth:`_later_room`,
+        :mod:`solvers.boundary`). Where that leaves no plan, a smaller room at the boundary,
+        then none there, then the whole budget as before; :meth:`_check_split` then says
+        what the step can reach."""
         before = self._held_before()
-        outside = self._outside_room(jg.graph)  # held by code outside the module (check_step)
-        rooms = [outside + room for room in self._later_room(jg.graph)] or [outside]
-        tried: set[int] = set()
-        while rooms:
-            reserve = before + rooms.pop(0)
-            if reserve in tried or not reserve:
-                continue
-            tried.add(reserve)
+        base = before + self._outside_room(jg.graph)  # + code outside the module (check_step)
+        later = self._later_room(jg.graph)
+        at_boundary, beside = later if later is not None else (0, 0)
+        extra = at_boundary - beside  # room the boundary needs beyond what the whole run leaves
+        tries: list[tuple[int, int | None]] = [(base + beside, extra)] if extra > 0 else []
+        tries.append((base + beside, None))
+        tried: set[tuple[int, int | None]] = set()
+        while tries:
+            reserve, room = tries.pop(0)
+            if (reserve, room) in tried or (not reserve and room is None):
+                continue  # the whole budget: below
+            tried.add((reserve, room))
             try:
-                return self._solve(jg, profile_id, reserve)
+                return self._solve(jg, profile_id, reserve, room)
             except InfeasibleBudgetError as exc:
-                # no plan leaves that much room: the least peak found leaves the most there is
-                if exc.minimum is not None and exc.budget is not None and exc.minimum > exc.budget:
-                    most = reserve - before - (int(exc.minimum) - int(exc.budget))
-                    if most > 0 and (not rooms or most > rooms[0]):
-                        rooms.insert(0, most)
+                # no plan leaves that much room: the least peak found with it, over the budget,
+                # says by about how much less to leave (the ballast of solvers.boundary counted)
+                over = int(exc.minimum or 0) - int(exc.budget or 0)
+                if over <= 0:
+                    continue
+                if room is not None:
+                    if room == extra and over < room:
+                        tries.insert(0, (reserve, room - over))
+                elif reserve - over > before and (not tries or reserve - over > tries[0][0]):
+                    tries.insert(0, (reserve - over, None))
         return self._solve(jg, profile_id)
 
     def _outside_room(self, graph: Graph) -> int:
@@ -784,25 +795,26 @@ class Planner:
             f"planned with the step), or raise the budget to {format_bytes(peak)}"
         )
 
-    def _later_room(self, graph: Graph) -> tuple[int, ...]:
-        """Under a byte budget, what the graphs after this one in the call need beside it, most
-        first: as a call before this one found them (``split``), the sum of their least peaks
-        (room to run in beside what this one saves) and of the gradients they leave (held
-        while this one's backward runs); else under DDP, which splits a step's graph at its
-        buckets, the gradients of its parameters that no graph of this call so far computes;
-        else nothing (the graphs after it are not known yet: :meth:`_check_split` has the
-        step compiled again)."""
+    def _later_room(self, graph: Graph) -> tuple[int, int] | None:
+        """Under a byte budget, what the graphs after this one in the call need beside it:
+        at its forward/backward boundary, where they run, and beside its whole run. As a
+        call before this one found them (``split``): the sum of their least peaks (room to
+        run in beside what this one saves), and the gradients they leave (held while this
+        one's backward runs). Else under DDP, which splits a step's graph at its buckets,
+        the gradients of its parameters that no graph of this call so far computes, for
+        both. Else None (the graphs after it are not known yet: :meth:`_check_split` has
+        the step compiled again)."""
         if self.budget.nbytes is None:
-            return ()
+            return None
         known = self.split.get(self.step)
         if known is not None:  # this step's graphs, as a call before this one compiled them
             later = known[len(self.call) + 1 :]
-            return tuple(sorted({sum(least for _, least in later), sum(g for g, _ in later)}, reverse=True))
+            return sum(least for _, least in later), sum(g for g, _ in later)
         total = ddp_reserve()  # one copy of every gradient DDP reduces
         if not total:
-            return ()
+            return None
         own = _gradient_bytes(graph) + sum(_gradient_bytes(self.records[i].joint.graph) for i in self.call)
-        return (max(total - own, 0),)
+        return max(total - own, 0), max(total - own, 0)
 
     def _least_peak(self, graph: Graph, profile_id: str) -> int:
         """The least peak a schedule of ``graph`` found reaches (its keep-all peak when none
@@ -821,11 +833,13 @@ class Planner:
         return sum(_held_bytes(self.records[i])[0] for i in self.call)
 
     def _solve(
-        self, jg: JointGraph, profile_id: str, earlier: int = 0
+        self, jg: JointGraph, profile_id: str, earlier: int = 0, room: int | None = None
     ) -> tuple[SolveResult, int | None, int | None]:
         """The plan of ``jg``; when it was planned above the budget asked (see
         :meth:`partition`), the bytes asked; when it reuses the plan of another record
-        (the same graph at other sizes), that record's index.
+        (the same graph at other sizes), that record's index. ``earlier`` bytes of a byte
+        budget are held beside the graph; ``room`` more are to be left free at its
+        forward/backward boundary (:attr:`solvers.budget.Budget.boundary`).
 
         Raises:
             InfeasibleBudgetError: no schedule fits the budget (or none was found in time).
@@ -841,19 +855,21 @@ class Planner:
         reserve = ddp_reserve() + fsdp_reserve() + earlier
         # bytes for the graph alone (a fraction without a family: resolved in _plan)
         target, nbytes = family_target(budget, ref, self.records, family, reserve)
+        bound = None if room is None or nbytes is None else max(nbytes - room, 0)
+        if bound is not None:
+            target = replace(target, boundary=bound)
+        holds = lambda res: bound is None or boundary_hold(graph, res.schedule) <= bound  # noqa: E731
         if family and nbytes is not None and ref <= nbytes:
             # keeping every value fits these sizes (a short last batch): no plan recomputes less
             res = checkpoint_all(graph, nbytes)
-            return (
-                replace(res, info={**res.info, "chosen": res.strategy, "reference": ref, KEEPS_ALL: True}),
-                None,
-                None,
-            )
+            if holds(res):
+                info = {**res.info, "chosen": res.strategy, "reference": ref, KEEPS_ALL: True}
+                return replace(res, info=info), None, None
         if family and nbytes is not None:
             got = reuse(graph, ref, self.records, family, nbytes)
-            if got is not None:
+            if got is not None and holds(got[0]):
                 return got[0], None, got[1]
-            if budget.nbytes is not None:
+            if budget.nbytes is not None and bound is None:
                 # through plan_once: ranks must agree on whether it planned ahead (a collective follows)
                 solve = lambda g, b: plan_once(  # noqa: E731
                     g, nbytes, lambda agreed: self._solved(g, Budget(nbytes=agreed), profile_id)
@@ -900,11 +916,15 @@ class Planner:
                 return plan_once(graph, -1, lambda _: self._solved(graph, least, profile_id))
             b = budget.for_graph(ref, reserve if budget.fraction is not None else 0)
             own = b.resolve(ref)
-            # the ranks agree on the smallest budget any of them asks
-            return plan_once(
-                graph, own,
-                lambda agreed: self._solved(graph, b if agreed == own else Budget(nbytes=agreed), profile_id),
-            )  # fmt: skip
+
+            def at(agreed: int) -> Budget:  # the ranks agree on the smallest budget any of them asks
+                if agreed == own:
+                    return b
+                return Budget(
+                    nbytes=agreed, boundary=None if b.boundary is None else max(b.boundary - own + agreed, 0)
+                )
+
+            return plan_once(graph, own, lambda agreed: self._solved(graph, at(agreed), profile_id))
 
         try:
             return run(target), None
@@ -988,12 +1008,7 @@ def _held_bytes(record: PlanRecord) -> tuple[int, int, int]:
     if schedule is None:
         return 0, int(record.result.peak or 0), 0
     sim = simulate(graph, schedule)
-    backward = graph.backward_mask
-    first = next(
-        (k for k, (op, i) in enumerate(schedule.steps) if op == COMPUTE and backward[i]), len(schedule.steps)
-    )
-    boundary = int(sim.timeline[first - 1]) if first > 0 else 0
-    return boundary, int(sim.peak), _gradient_bytes(graph)
+    return boundary_hold(graph, schedule, sim), int(sim.peak), _gradient_bytes(graph)
 
 
 def _tangent_bytes(graph: Graph) -> int:

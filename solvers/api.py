@@ -11,6 +11,7 @@ import dataclasses
 import time
 from typing import Any
 
+from solvers.boundary import boundary_hold, with_ballast, without_ballast
 from solvers.bounds import largest_working_set, memory_lower_bound
 from solvers.budget import Budget, BudgetSpec, format_bytes, parse_budget
 from solvers.errors import InfeasibleBudgetError, SolverError
@@ -49,7 +50,9 @@ def solve(
 
     Args:
         graph: the graph to plan.
-        budget: bytes or a fraction of the checkpoint-all peak (see :func:`parse_budget`).
+        budget: bytes or a fraction of the checkpoint-all peak (see :func:`parse_budget`);
+            a :class:`Budget` with a ``boundary`` also bounds what the plan holds at its
+            forward/backward boundary (:mod:`solvers.boundary`).
         strategy: a name from :data:`solvers.strategies.STRATEGIES`.
         time_limit: seconds for strategies that search (the best incumbent is returned).
         raise_infeasible: raise :class:`InfeasibleBudgetError` for a budget proven too
@@ -83,6 +86,8 @@ def solve(
         if raise_infeasible:
             raise no_plan_error(graph, res, time_limit=time_limit)
         return res
+    if b.boundary is not None and b.boundary < nbytes and graph.first_backward < graph.n:
+        return _solve_bounded(graph, nbytes, b.boundary, ref, strategy, time_limit, raise_infeasible, options)
     fn = get_strategy(strategy)
     res = fn(graph, nbytes, time_limit=time_limit, **options)
     res = dataclasses.replace(res, strategy=res.strategy or strategy, info={**res.info, "reference": ref})
@@ -100,6 +105,51 @@ def solve(
     else:
         sim = simulate(graph, res.schedule)
     return dataclasses.replace(res, cost=sim.cost, peak=sim.peak)
+
+
+def _solve_bounded(
+    graph: Graph,
+    nbytes: int,
+    boundary: int,
+    ref: int,
+    strategy: str,
+    time_limit: float | None,
+    raise_infeasible: bool,
+    options: dict[str, Any],
+) -> SolveResult:
+    """:func:`solve` with at most ``boundary`` bytes held at the forward/backward boundary:
+    the strategy plans the graph with a ballast there (:mod:`solvers.boundary`), and its
+    schedule, the ballast dropped, is checked on ``graph`` itself."""
+    held, at = with_ballast(graph, nbytes, boundary)
+    try:
+        res = solve(
+            held, nbytes, strategy, time_limit=time_limit, raise_infeasible=raise_infeasible, **options
+        )
+    except InfeasibleBudgetError as exc:
+        exc.add_note(
+            f"The plan was also to hold at most {format_bytes(boundary)} at its forward/backward boundary "
+            f"(room for the graphs that run between its forward and backward); the peaks above count "
+            f"{format_bytes(held.mem[at])} of ballast held there"
+        )
+        raise
+    info = {**res.info, "reference": ref, "boundary": boundary}
+    if res.schedule is None:
+        return dataclasses.replace(res, info=info)
+    schedule = without_ballast(res.schedule, at)
+    if not res.ok:
+        sim = simulate(graph, schedule)
+        return dataclasses.replace(res, schedule=schedule, cost=sim.cost, peak=sim.peak, info=info)
+    try:
+        sim = validate(graph, schedule, nbytes)
+    except Exception as exc:
+        raise SolverError(f"strategy {res.strategy!r} returned an invalid schedule: {exc}") from exc
+    hold = boundary_hold(graph, schedule)
+    if hold > boundary:
+        raise SolverError(
+            f"strategy {res.strategy!r} returned a schedule holding {format_bytes(hold)} at its "
+            f"forward/backward boundary, over the {format_bytes(boundary)} asked"
+        )
+    return dataclasses.replace(res, schedule=schedule, cost=sim.cost, peak=sim.peak, info=info)
 
 
 def no_plan_error(

@@ -58,18 +58,28 @@ class Budget:
             string ``"min"``); it has no byte value before planning (:meth:`resolve` raises).
         reference: the keep-all peak of the graph this budget was resolved for, when known
             (see :meth:`for_graph`), so that the layers below do not simulate it again.
+        boundary: when set, bytes the plan may hold at its forward/backward boundary
+            beside its peak budget (:mod:`solvers.boundary`): a graph of a step split by graph
+            breaks leaves room there for the graphs that run between its forward and its
+            backward. Not with ``least``.
     """
 
     nbytes: int | None = None
     fraction: float | None = None
     least: bool = False
     reference: int | None = None
+    boundary: int | None = None
 
     def __post_init__(self) -> None:
         if (self.nbytes is not None) + (self.fraction is not None) + bool(self.least) != 1:
             raise BudgetError(
                 f"a Budget needs exactly one of nbytes, fraction and least (got {self.nbytes!r}, "
                 f"{self.fraction!r}, {self.least!r}); build it with parse_budget"
+            )
+        if self.boundary is not None and (self.least or isinstance(self.boundary, bool) or self.boundary < 0):
+            raise BudgetError(
+                f"a boundary of {self.boundary!r} bytes with budget {self}: it must be bytes >= 0, "
+                "beside a byte or fraction budget (the least peak has no boundary to bound)"
             )
 
     @classmethod
@@ -95,18 +105,27 @@ class Budget:
 
     def for_graph(self, reference: int, reserve: int = 0) -> Budget:
         """This budget in bytes for a graph whose keep-all peak is ``reference``, less
-        ``reserve`` bytes held beside the graph (at least 1 byte), carrying ``reference``.
+        ``reserve`` bytes held beside the graph (at least 1 byte), carrying ``reference``
+        (and the boundary, less the reserve too).
 
         Raises:
             BudgetError: the budget is ``"min"`` (see :meth:`resolve`).
         """
-        return Budget(nbytes=max(self.resolve(reference) - reserve, 1), reference=reference)
+        boundary = None if self.boundary is None else max(self.boundary - reserve, 0)
+        return Budget(
+            nbytes=max(self.resolve(reference) - reserve, 1), reference=reference, boundary=boundary
+        )
 
     def __str__(self) -> str:
+        held = (
+            ""
+            if self.boundary is None
+            else f" (holding at most {format_bytes(self.boundary)} at the boundary)"
+        )
         if self.nbytes is not None:
-            return format_bytes(self.nbytes)
+            return format_bytes(self.nbytes) + held
         if self.fraction is not None:
-            return f"{self.fraction:.0%}"
+            return f"{self.fraction:.0%}" + held
         return _LEAST
 
 

@@ -28,6 +28,7 @@ import checkmate
 from checkmate.api import UnplannedWarning, plans_of
 from checkmate.memory import measure_peak
 from checkmate.runtime import BudgetWarning
+from solvers.boundary import boundary_hold
 from solvers.budget import format_bytes
 from solvers.errors import InfeasibleBudgetError
 
@@ -329,8 +330,15 @@ def test_a_hugging_face_loss_split_off_by_a_graph_break_shares_a_byte_budget() -
             opt(input_ids=ids, labels=ids).loss.backward()
         model.zero_grad(set_to_none=True)
         peak = measure_peak(lambda: opt(input_ids=ids, labels=ids).loss.backward())
-    assert len(plans_of(opt)) == 4
+    records = plans_of(opt)
+    assert len(records) == 4
     assert peak <= budget, f"{peak / budget:.3f}x the budget"
+    # planned again with the loss graph in view: the model's graph holds at most a bound at
+    # its forward/backward boundary, where the loss graph runs (a peak budget alone is blind
+    # to it: planned so, this test failed 2 runs in 14 under load)
+    again = records[2]
+    bound = again.result.info["boundary"]
+    assert boundary_hold(again.joint.graph, again.result.schedule) <= bound < again.result.budget
     ref.zero_grad(set_to_none=True)
     model.zero_grad(set_to_none=True)
     ref(input_ids=ids, labels=ids).loss.backward()

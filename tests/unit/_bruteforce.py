@@ -10,13 +10,21 @@ from solvers.graph import Graph
 
 
 def optimal_cost(
-    graph: Graph, budget: int, *, staged: bool = False, max_states: int = 2_000_000
+    graph: Graph,
+    budget: int,
+    *,
+    staged: bool = False,
+    boundary: int | None = None,
+    max_states: int = 2_000_000,
 ) -> float | None:
     """Least cost of a schedule of ``graph`` whose first computes follow id order and whose
     peak (after each compute, before the frees) stays within ``budget``; None if none.
 
     With ``staged``, recomputes between two first computes also run in increasing id order
-    (the Checkmate MILP's stage structure, which the CP-SAT model shares).
+    (the Checkmate MILP's stage structure, which the CP-SAT model shares). With
+    ``boundary``, at most that many bytes are resident right before the first compute of a
+    backward node (the first compute of ``graph.first_backward``, as first computes follow
+    id order).
     """
     n = graph.n
     preds = [sum(1 << p for p in graph.preds[v]) for v in range(n)]
@@ -42,6 +50,8 @@ def optimal_cost(
             if res >> j & 1 or (res & preds[j]) != preds[j] or used + mem[j] > budget:
                 continue
             if j == frontier:
+                if boundary is not None and j == graph.first_backward and used > boundary:
+                    continue
                 moves.append((cost[j], (res | 1 << j, frontier + 1, -1)))
             elif recomputable[j] and (not staged or j > last):
                 moves.append((cost[j], (res | 1 << j, frontier, j)))

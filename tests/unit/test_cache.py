@@ -17,7 +17,8 @@ import pytest
 
 from checkmate.cache import PlanCacheWarning, cache_dir, cache_key, cached_solve
 from checkmate.timers import observe
-from solvers import Budget, Graph, SolveResult, Status, validate, write_plan
+from solvers import Budget, Graph, SolveResult, Status, solve, validate, write_plan
+from solvers.boundary import boundary_hold
 from solvers.errors import PlanError
 from solvers.plan import PLAN_VERSION, document_checksum, plan_to_dict, read_plan, read_plan_document
 from solvers.schedule import schedule_from_order, simulate
@@ -128,10 +129,11 @@ def test_key_depends_on_every_part() -> None:
         cache_key(g, 100, "other"),
         cache_key(g, 100, NAME, {"x": 1}),
         cache_key(g, 100, NAME, profile_id="p"),
+        cache_key(g, 100, NAME, boundary=50),
         cache_key(_graph(mem=3), 100, NAME),
         cache_key(chain(6, training=True, cost=2.0), 100, NAME),
     }
-    assert len(keys) == 7
+    assert len(keys) == 8
     assert cache_key(g, 100, NAME, {"a": 1, "b": 2}) == cache_key(_graph(), 100, NAME, {"b": 2, "a": 1})
 
 
@@ -214,6 +216,21 @@ def test_rejects_foreign_plan(tmp_path: Path) -> None:
     write_plan(pinned, plan_to_dict(other, res))
     _rejected_pinned_goes_to_the_cache(_graph(), pinned, "another graph")
     assert len(CALLS) == 2
+
+
+def test_a_plan_holding_more_than_the_boundary_asked_is_not_used(tmp_path: Path) -> None:
+    # a plan pinned offline fits any budget it replays within, whatever made it: but not a
+    # bound on what it holds at its forward/backward boundary that it breaks
+    g = _graph()
+    pinned = tmp_path / "p.json"
+    write_plan(pinned, plan_to_dict(g, solve(g, 1.0, "checkpoint-all")))
+    assert boundary_hold(g, read_plan(pinned, g).schedule) == 6
+    with pytest.warns(PlanCacheWarning, match="holds 6 B at its forward/backward boundary, over the 3 B"):
+        res = cached_solve(g, Budget(nbytes=7, boundary=3), "ilp", plan_path=pinned)
+    assert res.info["cache"] == "miss"
+    assert boundary_hold(g, res.schedule) <= 3 and res.peak is not None and res.peak <= 7
+    again = cached_solve(g, Budget(nbytes=7, boundary=3), "ilp")
+    assert again.info["cache"] == "hit" and again.schedule == res.schedule
 
 
 def test_pinned_plan_for_other_budget_is_left_as_it_is(tmp_path: Path) -> None:

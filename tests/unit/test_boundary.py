@@ -1,0 +1,96 @@
+"""A bound on what a plan holds at its forward/backward boundary (solvers.boundary): the
+ballast construction, and plans that honour it, checked against an exhaustive oracle."""
+
+from __future__ import annotations
+
+import pytest
+
+from solvers import solve
+from solvers.boundary import BALLAST, boundary_hold, with_ballast, without_ballast
+from solvers.budget import Budget
+from solvers.errors import BudgetError, InfeasibleBudgetError
+from solvers.schedule import keep_all_peak, simulate, validate
+from tests.graphs import chain
+
+from ._bruteforce import optimal_cost, random_dag
+
+
+def test_the_ballast_sits_before_the_backward_and_its_first_op_reads_it() -> None:
+    g = random_dag(3, 8, backward=True)
+    held, at = with_ballast(g, 20, 12)
+    assert at == g.first_backward
+    assert held.n == g.n + 1 and held.nodes[at].name == BALLAST and held.backward_mask[at]
+    assert held.succs[at] == (at + 1,) and not held.preds[at]
+    assert held.mem[at] == 20 - 12 - int(g.mem[at])
+    # every other node and edge is the original's, moved past the ballast
+    assert [nd.name for k, nd in enumerate(held.nodes) if k != at] == [nd.name for nd in g.nodes]
+    keep_all = solve(held, 10**6, "checkpoint-all")
+    back = without_ballast(keep_all.schedule, at)
+    assert simulate(g, back).cost == pytest.approx(g.total_cost)
+    validate(g, back)
+
+
+def test_a_training_chain_holds_less_at_the_boundary_at_a_cost() -> None:
+    # 8 unit forward values and their gradients (keep-all peak 9): the cheapest plan within
+    # 7 bytes keeps 6 of them at the boundary; held to 4 there, it recomputes more
+    g = chain(8, training=True)
+    free = solve(g, 7, "ilp", time_limit=30)
+    assert boundary_hold(g, free.schedule) == 6
+    for boundary in (5, 4, 3):
+        res = solve(g, Budget(nbytes=7, boundary=boundary), "ilp", time_limit=30)
+        assert res.ok and res.peak is not None and res.peak <= 7
+        assert boundary_hold(g, res.schedule) == boundary  # the bound binds: no plan holds more
+        assert res.cost == pytest.approx(optimal_cost(g, 7, staged=True, boundary=boundary))
+        assert res.cost > free.cost
+        assert res.info["boundary"] == boundary
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_milp_with_a_boundary_agrees_with_brute_force(seed: int) -> None:
+    # at the keep-all peak and one byte below it, every boundary below the cheapest plan's
+    # hold, down to the first that no plan reaches
+    g = random_dag(seed, 8, backward=True)
+    for peak in (keep_all_peak(g), keep_all_peak(g) - 1):
+        free = solve(g, peak, "ilp", time_limit=30, raise_infeasible=False)
+        if not free.ok:
+            continue
+        for boundary in range(boundary_hold(g, free.schedule) - 1, -1, -1):
+            asked = Budget(nbytes=peak, boundary=boundary)
+            want = optimal_cost(g, peak, staged=True, boundary=boundary)
+            if want is None:
+                with pytest.raises(InfeasibleBudgetError, match="boundary"):
+                    solve(g, asked, "ilp", time_limit=30)
+                break
+            res = solve(g, asked, "ilp", time_limit=30)
+            assert res.cost == pytest.approx(want)
+            assert boundary_hold(g, res.schedule) <= boundary
+
+
+@pytest.mark.parametrize("strategy", ["auto", "dtr", "peak-greedy", "lp-rounding", "cpsat"])
+def test_every_strategy_plans_within_the_boundary(strategy: str) -> None:
+    g = chain(12, training=True)
+    res = solve(g, Budget(nbytes=9, boundary=5), strategy, time_limit=20)
+    # solve() checks the bound on every plan (SolverError otherwise); each strategy finds one here
+    assert res.ok, res.status
+    assert res.peak is not None and res.peak <= 9
+    assert boundary_hold(g, res.schedule) <= 5
+
+
+def test_a_boundary_no_plan_reaches_names_it() -> None:
+    g = chain(6, training=True)
+    with pytest.raises(InfeasibleBudgetError, match="at most 0 B at its forward/backward boundary"):
+        solve(g, Budget(nbytes=6, boundary=0), "ilp", time_limit=10)
+
+
+def test_a_boundary_at_or_above_the_peak_budget_changes_nothing() -> None:
+    g = chain(6, training=True)
+    assert solve(g, Budget(nbytes=6, boundary=6), "ilp").cost == solve(g, 6, "ilp").cost
+
+
+def test_a_boundary_needs_bytes_beside_a_byte_or_fraction_budget() -> None:
+    with pytest.raises(BudgetError, match="boundary"):
+        Budget(least=True, boundary=10)
+    with pytest.raises(BudgetError, match="boundary"):
+        Budget(nbytes=10, boundary=-1)
+    assert Budget(fraction=0.5, boundary=10).for_graph(100, 4) == Budget(nbytes=46, reference=100, boundary=6)
+    assert "at most 1.00 KiB at the boundary" in str(Budget(nbytes=4096, boundary=1024))
