@@ -42,6 +42,7 @@ from checkmate.cli_input import (
     strategy_options,
 )
 from solvers.budget import format_bytes, parse_budget
+from solvers.errors import BudgetError
 from solvers.result import Status
 
 __all__ = ["main", "cli", "EXIT_OK", "EXIT_NO_PLAN", "EXIT_USAGE", "EXIT_BUG"]
@@ -69,6 +70,13 @@ def cli(ctx: click.Context, debug: bool) -> None:
     show_default=True,
     help="A strategy name (see `checkmate strategies`).",
 )
+@click.option(
+    "--boundary",
+    default=None,
+    help="Also hold at most this much at the forward/backward boundary (bytes, or a fraction of the "
+    "keep-all peak): room for what runs between the forward and the backward, such as the other graphs "
+    "of a step split by graph breaks.",
+)
 @click.option("--time-limit", "-t", type=float, default=None, help="Seconds for searching strategies.")
 @click.option("--output", "-o", required=True, help="Plan file to write (JSON).")
 @click.option(
@@ -85,6 +93,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 def solve(
     graph: str,
     budget: str,
+    boundary: str | None,
     strategy: str,
     time_limit: float | None,
     output: str,
@@ -93,24 +102,43 @@ def solve(
     debug: bool,
 ) -> None:
     """Plan GRAPH (a saved graph JSON) under --budget and write the plan file."""
+    from dataclasses import replace
+
     from solvers.api import closest_hint
     from solvers.api import solve as solve_graph
+    from solvers.boundary import boundary_hold
     from solvers.plan import write_plan
+    from solvers.schedule import keep_all_peak
 
-    parse_budget(budget)
+    asked = parse_budget(budget)
+    held = None if boundary is None else parse_budget(boundary)
+    if held is not None and (held.least or asked.least):
+        raise BudgetError(
+            f"--boundary {boundary} with --budget {budget}: the boundary takes bytes or a fraction of the "
+            "keep-all peak, beside a byte or fraction budget ('min' has no boundary to bound)"
+        )
     check_strategy(strategy)
     strategy_opts = strategy_options(strategy, option_pairs)
     out = Path(output)
     check_writable(out)
     g = load_graph(graph)
     report.kv("graph", g.summary())
+    if held is not None:
+        ref = keep_all_peak(g)
+        asked = replace(asked, reference=ref, boundary=held.resolve(ref))
     start = time.perf_counter()
     with report.Progress(g.total_cost, quiet) as progress:
         opts: dict[str, Any] = {"progress": progress} if report.accepts_progress(strategy) else {}
-        res = solve_graph(g, budget, strategy, time_limit=time_limit, **strategy_opts, **opts)
+        res = solve_graph(g, asked, strategy, time_limit=time_limit, **strategy_opts, **opts)
     wall = time.perf_counter() - start
     doc = report.result_doc(g, res, time_limit)
-    report.echo_rows([*report.summary_rows(doc), ("wall", f"{wall:.2f} s")])
+    rows = report.summary_rows(doc)
+    if asked.boundary is not None and res.schedule is not None:
+        hold = boundary_hold(g, res.schedule)
+        rows.append(
+            ("boundary", f"holds {report.fmt_bytes(hold)} of the {format_bytes(asked.boundary)} asked")
+        )
+    report.echo_rows([*rows, ("wall", f"{wall:.2f} s")])
     if not res.ok:
         why = str(res.status)
         if res.status == Status.NO_SOLUTION:

@@ -67,7 +67,8 @@ def handled(fn: F) -> F:
         except InfeasibleBudgetError as exc:
             if debug:
                 raise
-            click.echo(f"infeasible: {exc}")
+            notes = " ".join(getattr(exc, "__notes__", ()))  # what the layers below added
+            click.echo(f"infeasible: {exc}" + (f" {notes}" if notes else ""))
             raise SystemExit(EXIT_NO_PLAN) from None
         except (CheckmateError, OSError) as exc:
             if debug:

@@ -122,8 +122,10 @@ def _solve_bounded(
     schedule, the ballast dropped, is checked on ``graph`` itself."""
     held, at = with_ballast(graph, nbytes, boundary)
     try:
+        # fractions and messages refer to the graph's own keep-all peak, not the ballast's
+        asked = Budget(nbytes=nbytes, reference=ref)
         res = solve(
-            held, nbytes, strategy, time_limit=time_limit, raise_infeasible=raise_infeasible, **options
+            held, asked, strategy, time_limit=time_limit, raise_infeasible=raise_infeasible, **options
         )
     except InfeasibleBudgetError as exc:
         exc.add_note(

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from checkmate.cli import cli
-from solvers import GraphError, read_plan, save_graph, validate
+from solvers import Graph, GraphError, read_plan, save_graph, validate
 from solvers.api import resolve_budget
 from tests.graphs import PUBLIC, chain
 
@@ -327,3 +327,36 @@ def test_no_plan_names_the_closest_schedules_peak(tmp_path: Path) -> None:
         "the closest schedule found (peak-greedy) peaks at" in line and "% of the checkpoint-all peak" in line
     )
     assert not out.exists()
+
+
+def test_solve_holds_a_boundary_asked(graph_file: Path, tmp_path: Path) -> None:
+    # the 8-layer training chain within 7 bytes: the cheapest plan holds 6 at the boundary
+    from solvers.boundary import boundary_hold
+
+    out = tmp_path / "plan.json"
+    res = run("solve", str(graph_file), "-b", "7", "--boundary", "4B", "-s", "ilp", "-o", str(out), "-q")
+    assert res.exit_code == 0, res.output
+    assert "holds 4 B (4 B) of the 4 B asked" in res.stdout
+    g = chain(8, training=True)
+    plan = read_plan(out, g)
+    validate(g, plan.schedule, 7)
+    assert boundary_hold(g, plan.schedule) == 4
+    res = run("solve", str(graph_file), "-b", "min", "--boundary", "4B", "-o", str(out), "-q")
+    assert "the boundary takes bytes or a fraction" in _one_line_error(res)
+
+
+def test_a_boundary_no_plan_holds_is_named_on_one_line(tmp_path: Path) -> None:
+    # the backward's first op reads a 5-byte forward value: nothing holds less than 5 there
+    g = Graph.build(
+        [{"key": "a", "mem": 5, "cost": 1.0}, {"key": "b", "mem": 1, "cost": 1.0, "backward": True}],
+        [("a", "b")],
+    )
+    save_graph(g, tmp_path / "g.json")
+    out = tmp_path / "plan.json"
+    res = run("solve", str(tmp_path / "g.json"), "-b", "10B", "--boundary", "4B", "-s", "ilp", "-o", str(out))
+    assert res.exit_code != 0 and not out.exists()
+    line = res.output.splitlines()[-1]
+    assert line.startswith(
+        "infeasible: no schedule fits a budget of 10 B (10 bytes), 166.7% of the checkpoint-all"
+    )
+    assert "The plan was also to hold at most 4 B at its forward/backward boundary" in line
