@@ -33,6 +33,7 @@ __all__ = [
     "GraphError",
     "InfeasibleBudgetError",
     "OverheadWarning",
+    "CompilerFallbackWarning",
     "PlanError",
     "ScheduleError",
     "SolverError",
@@ -53,6 +54,7 @@ _LAZY = {
     "UnplannedWarning": "checkmate.api",
     "BudgetWarning": "checkmate.runtime",
     "OverheadWarning": "checkmate.runtime",
+    "CompilerFallbackWarning": "checkmate.runtime",
 }
 
 
