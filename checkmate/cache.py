@@ -43,7 +43,6 @@ from typing import Any
 from checkmate.timers import stage
 from solvers import Graph, SolveResult, __version__, solve
 from solvers.api import resolve_budget
-from solvers.boundary import boundary_hold
 from solvers.budget import Budget, BudgetSpec, format_bytes, parse_budget
 from solvers.errors import CheckmateError, PlanError
 from solvers.plan import (
@@ -338,10 +337,9 @@ def _hit(
         budget_bytes = int(plan.doc["budget_bytes"])
     with stage("validate"):  # the replay a cache hit costs (benchmarks count them)
         sim = validate(graph, plan.schedule, budget_bytes)
-        hold = boundary_hold(graph, plan.schedule) if boundary is not None else 0
-    if boundary is not None and hold > boundary:
+    if boundary is not None and sim.boundary > boundary:
         raise PlanError(
-            f"{path}: plan holds {format_bytes(hold)} at its forward/backward boundary, over the "
+            f"{path}: plan holds {format_bytes(sim.boundary)} at its forward/backward boundary, over the "
             f"{format_bytes(boundary)} asked"
         )
     lower = doc.get("lower_bound")

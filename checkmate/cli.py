@@ -111,7 +111,10 @@ def solve(
     from solvers.schedule import keep_all_peak
 
     asked = parse_budget(budget)
-    held = None if boundary is None else parse_budget(boundary)
+    try:
+        held = None if boundary is None else parse_budget(boundary)
+    except BudgetError as exc:
+        raise BudgetError(f"--boundary: {exc}") from None
     if held is not None and (held.least or asked.least):
         raise BudgetError(
             f"--boundary {boundary} with --budget {budget}: the boundary takes bytes or a fraction of the "

@@ -713,8 +713,7 @@ class Planner:
         what the step can reach."""
         before = self._held_before()
         base = before + self._outside_room(jg.graph)  # + code outside the module (check_step)
-        later = self._later_room(jg.graph)
-        at_boundary, beside = later if later is not None else (0, 0)
+        at_boundary, beside = self._later_room(jg.graph)
         extra = at_boundary - beside  # room the boundary needs beyond what the whole run leaves
         tries: list[tuple[int, int | None]] = [(base + beside, extra)] if extra > 0 else []
         tries.append((base + beside, None))
@@ -804,19 +803,19 @@ class Planner:
             f"planned with the step), or raise the budget to {format_bytes(peak)}"
         )
 
-    def _later_room(self, graph: Graph) -> tuple[int, int] | None:
+    def _later_room(self, graph: Graph) -> tuple[int, int]:
         """Under a byte budget, what the graphs after this one in the call need beside it:
         at its forward/backward boundary, where they run, and beside its whole run. As a
         call before this one found them (``split``): the sum of their least peaks (room to
         run in beside what this one saves), and the gradients they leave (held while this
         one's backward runs). Else under DDP, which splits a step's graph at its buckets,
         the gradients of its parameters that no graph of this call so far computes, for
-        both. Else None (the graphs after it are not known yet: :meth:`_check_split` has
+        both. Else nothing (the graphs after it are not known yet: :meth:`_check_split` has
         the step compiled again). A step of a new input shape whose graph in this position
         has the structure of one of a step already split takes that step's needs, scaled
         by the two graphs' keep-all peaks (:meth:`_split_of_another_shape`)."""
         if self.budget.nbytes is None:
-            return None
+            return 0, 0
         # this step's graphs as a call before this one compiled them, else another input
         # shape's (an epoch's short last batch runs once: it must fit at its first call)
         known = self.split.get(self.step) or self._split_of_another_shape(graph)
@@ -825,7 +824,7 @@ class Planner:
             return sum(least for _, least in later), sum(g for g, _ in later)
         total = ddp_reserve()  # one copy of every gradient DDP reduces
         if not total:
-            return None
+            return 0, 0
         own = _gradient_bytes(graph) + sum(_gradient_bytes(self.records[i].joint.graph) for i in self.call)
         return max(total - own, 0), max(total - own, 0)
 
@@ -1044,7 +1043,7 @@ def _held_bytes(record: PlanRecord) -> tuple[int, int, int]:
     if schedule is None:
         return 0, int(record.result.peak or 0), 0
     sim = simulate(graph, schedule)
-    return boundary_hold(graph, schedule, sim), int(sim.peak), _gradient_bytes(graph)
+    return sim.boundary, int(sim.peak), _gradient_bytes(graph)
 
 
 def _tangent_bytes(graph: Graph) -> int:

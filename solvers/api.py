@@ -11,7 +11,7 @@ import dataclasses
 import time
 from typing import Any
 
-from solvers.boundary import boundary_hold, with_ballast, without_ballast
+from solvers.boundary import with_ballast, without_ballast
 from solvers.bounds import largest_working_set, memory_lower_bound
 from solvers.budget import Budget, BudgetSpec, format_bytes, parse_budget
 from solvers.errors import InfeasibleBudgetError, SolverError
@@ -145,10 +145,9 @@ def _solve_bounded(
         sim = validate(graph, schedule, nbytes)
     except Exception as exc:
         raise SolverError(f"strategy {res.strategy!r} returned an invalid schedule: {exc}") from exc
-    hold = boundary_hold(graph, schedule)
-    if hold > boundary:
+    if sim.boundary > boundary:
         raise SolverError(
-            f"strategy {res.strategy!r} returned a schedule holding {format_bytes(hold)} at its "
+            f"strategy {res.strategy!r} returned a schedule holding {format_bytes(sim.boundary)} at its "
             f"forward/backward boundary, over the {format_bytes(boundary)} asked"
         )
     return dataclasses.replace(res, schedule=schedule, cost=sim.cost, peak=sim.peak, info=info)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from solvers.graph import Graph, Node
-from solvers.schedule import COMPUTE, Schedule, SimResult, simulate
+from solvers.schedule import Schedule, simulate
 
 __all__ = ["BALLAST", "boundary_hold", "with_ballast", "without_ballast"]
 
@@ -29,17 +29,11 @@ __all__ = ["BALLAST", "boundary_hold", "with_ballast", "without_ballast"]
 BALLAST = "__boundary_ballast__"
 
 
-def boundary_hold(graph: Graph, schedule: Schedule, sim: SimResult | None = None) -> int:
+def boundary_hold(graph: Graph, schedule: Schedule) -> int:
     """Bytes resident right before ``schedule``'s first compute of a backward node (what the
-    forward hands to the backward, and its outputs), simulated (``sim``, when the caller has
-    it); 0 when the schedule starts with one."""
-    backward = graph.backward_mask
-    first = next(
-        (k for k, (op, i) in enumerate(schedule.steps) if op == COMPUTE and backward[i]), len(schedule.steps)
-    )
-    if first == 0:
-        return 0
-    return int((sim or simulate(graph, schedule)).timeline[first - 1])
+    forward hands to the backward, and its outputs): :attr:`SimResult.boundary`, which a
+    caller that has simulated the schedule reads instead."""
+    return simulate(graph, schedule).boundary
 
 
 def with_ballast(graph: Graph, peak: int, boundary: int) -> tuple[Graph, int]:

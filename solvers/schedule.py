@@ -100,6 +100,9 @@ class SimResult:
         save_cost: the save costs (:attr:`solvers.graph.Node.save_cost`) of the values
             resident at the first compute of a backward node: what the forward hands to the
             backward.
+        boundary: bytes resident right before the first compute of a backward node (what
+            the forward hands to the backward, and its outputs; :mod:`solvers.boundary`); the
+            bytes resident at the end when no backward node is computed.
     """
 
     cost: float
@@ -112,6 +115,7 @@ class SimResult:
     transfer_bytes: int = 0
     transfers: int = 0
     save_cost: float = 0.0
+    boundary: int = 0
 
     @property
     def recomputes(self) -> int:
@@ -162,6 +166,7 @@ def simulate(
     saving = graph.save_cost
     charge = bool(saving.any())
     saved = 0.0
+    boundary = -1  # not reached yet
     for s, (op, i) in enumerate(steps):
         if not (0 <= i < n):
             raise ScheduleError(f"step {s} ({op}, {i}) names a node that does not exist (n={n})")
@@ -174,9 +179,10 @@ def simulate(
                         f"step {s} computes node {_name(graph, i)} but its input "
                         f"{_name(graph, p)} is not resident"
                     )
-            if charge and bwd[i]:
-                saved = float(saving[resident].sum())
-                charge = False
+            if boundary < 0 and bwd[i]:  # the backward starts: what the forward hands over
+                boundary = cur
+                if charge:
+                    saved = float(saving[resident].sum())
             resident[i] = True
             counts[i] += 1
             cur += int(mem[i])
@@ -223,6 +229,7 @@ def simulate(
         transfer_bytes=moved,
         transfers=moves,
         save_cost=saved,
+        boundary=cur if boundary < 0 else boundary,
     )
 
 

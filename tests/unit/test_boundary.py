@@ -94,3 +94,14 @@ def test_a_boundary_needs_bytes_beside_a_byte_or_fraction_budget() -> None:
         Budget(nbytes=10, boundary=-1)
     assert Budget(fraction=0.5, boundary=10).for_graph(100, 4) == Budget(nbytes=46, reference=100, boundary=6)
     assert "at most 1.00 KiB at the boundary" in str(Budget(nbytes=4096, boundary=1024))
+
+
+def test_the_simulator_records_the_boundary_hold() -> None:
+    # keep-all on the training chain: the 8 forward values are resident when b7 starts;
+    # a graph without a backward holds at its end what it holds
+    g = chain(8, training=True)
+    sim = simulate(g, solve(g, 1.0, "checkpoint-all").schedule)
+    assert sim.boundary == 8 and sim.peak == 9
+    fwd = chain(5)
+    steps = solve(fwd, 1.0, "checkpoint-all").schedule
+    assert simulate(fwd, steps).boundary == simulate(fwd, steps).timeline[-1]

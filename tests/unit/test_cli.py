@@ -343,6 +343,8 @@ def test_solve_holds_a_boundary_asked(graph_file: Path, tmp_path: Path) -> None:
     assert boundary_hold(g, plan.schedule) == 4
     res = run("solve", str(graph_file), "-b", "min", "--boundary", "4B", "-o", str(out), "-q")
     assert "the boundary takes bytes or a fraction" in _one_line_error(res)
+    res = run("solve", str(graph_file), "-b", "7", "--boundary", "0B", "-o", str(out), "-q")
+    assert _one_line_error(res) == "error: --boundary: budget '0B' must be positive"
 
 
 def test_a_boundary_no_plan_holds_is_named_on_one_line(tmp_path: Path) -> None:
