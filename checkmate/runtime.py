@@ -77,6 +77,18 @@ __all__ = ["COMPILERS", "BudgetWarning", "OverheadWarning", "PlanRecord", "Plann
 #: is not exact (a Hugging Face GPT-2 with labels: 1.002x simulated, 0.79x measured)
 SPLIT_SLACK = 1.02
 
+#: at its first call, a graph after which the step goes on (a graph break) is planned with
+#: this many times the bytes of its outputs' gradients free at its forward/backward
+#: boundary, for the graphs after it: a loss on the outputs holds about three such values
+#: (its input, its log-softmax or difference, the gradient it returns). Measured: a Hugging
+#: Face GPT-2 with labels= (the loss split off) planned without that room stepped at 1.34x
+#: a byte budget of 0.7 of eager's peak at its first call; its loss graph's least peak is
+#: 3.0x its input's bytes
+LATER_ROOM = 3
+#: a guessed room more than this share of the budget above what the graphs after it need
+#: is replanned at the next call (:meth:`Planner._check_split`)
+GUESS_SLACK = 0.05
+
 #: what a plan run by Inductor without the compiled check may hold (the warnings say it)
 UNCHECKED = (
     "Inductor allocates its own buffers and fuses and reorders kernels, so the step's peak is not "
@@ -215,6 +227,9 @@ class Planner:
         unsettled: step signature -> the graphs of it planned above an infeasible fraction
             before the graphs after them were seen (see :meth:`partition`): :meth:`settle`
             raises the error of one that no graph at least twice its size followed.
+        guessed: signatures of steps a graph of which was planned with a guess at the room
+            the graphs after it need (:meth:`_later_room`), until :meth:`_check_split`
+            compares the guess with theirs, at the call's last graph.
         fallback: under Inductor, a graph no plan's compiled step fits raises
             :class:`_NoCompiledFit`, for the backend to run it uncompiled; off, its plan
             measured least runs compiled, with a :class:`BudgetWarning`.
@@ -245,6 +260,7 @@ class Planner:
     agreed: int | None = field(default=None, repr=False)
     unsettled: dict[object, list[_Unsettled]] = field(default_factory=dict, repr=False)
     fallback: bool = field(default=True, repr=False)
+    guessed: set[object] = field(default_factory=set, repr=False)
 
     @property
     def plans_made(self) -> int:
@@ -451,25 +467,42 @@ class Planner:
             for j in range(len(parts))
         ]
         worst = max(range(len(parts)), key=lambda j: estimates[j])
-        if estimates[worst] <= nbytes:
+        guessed = self.step in self.guessed and not self.more_follows  # the call's last graph
+        if estimates[worst] <= nbytes and not guessed:
             return
         if self.step in self.split and estimates[worst] <= SPLIT_SLACK * nbytes:
             return  # planned with the others in view, and over by less than the model's accuracy
         if self.step not in self.split:  # not planned with the later graphs in view yet
             # what each graph leaves while an earlier one's backward runs, and at least holds
             # while it runs itself (its least peak: the room the earlier ones must leave it)
-            self.split[self.step] = tuple(
+            needs = tuple(
                 (g, self._least_peak(self.records[i].joint.graph, profile_id) if k else 0)
                 for k, (i, (_, _, g)) in enumerate(zip(self.call, parts))
             )
+            self.guessed.discard(self.step)
+            if estimates[worst] <= nbytes:  # within the budget on a guessed room: too much of one?
+                spare = max(
+                    LATER_ROOM * _tangent_bytes(self.records[i].joint.graph)
+                    - sum(least for _, least in needs[k + 1 :])
+                    for k, i in enumerate(self.call[:-1])
+                )
+                if spare <= GUESS_SLACK * nbytes:
+                    return
+                log.info(
+                    "the step's graphs were planned with %s more room for the graphs after them than "
+                    "those need: compiling it again at the next call with theirs",
+                    format_bytes(spare),
+                )
+            else:
+                log.info(
+                    "the step's %d graphs can together reach %s, over the %s of the budget left to them: "
+                    "compiling it again at the next call, each graph planned with the others beside it",
+                    len(parts),
+                    format_bytes(estimates[worst]),
+                    format_bytes(nbytes),
+                )
+            self.split[self.step] = needs
             self.replan_pending = True
-            log.info(
-                "the step's %d graphs can together reach %s, over the %s of the budget left to them: "
-                "compiling it again at the next call, each graph planned with the others beside it",
-                len(parts),
-                format_bytes(estimates[worst]),
-                format_bytes(nbytes),
-            )
             return
         self.warned_split = True
         held = sum(s for s, _, _ in parts[:worst])
@@ -828,10 +861,13 @@ class Planner:
         run in beside what this one saves), and the gradients they leave (held while this
         one's backward runs). Else under DDP, which splits a step's graph at its buckets,
         the gradients of its parameters that no graph of this call so far computes, for
-        both. Else nothing (the graphs after it are not known yet: :meth:`_check_split` has
-        the step compiled again). A step of a new input shape whose graph in this position
-        has the structure of one of a step already split takes that step's needs, scaled
-        by the two graphs' keep-all peaks (:meth:`_split_of_another_shape`)."""
+        both. Else, when the step goes on after this graph (a graph break), a guess from the
+        outputs the rest of the step is handed: :data:`LATER_ROOM` times their gradients'
+        bytes at the boundary, and those gradients beside the whole run (at the step's
+        first call :meth:`_check_split` compares the guess with the graphs that followed).
+        Else nothing. A step of a new input shape whose graph in this position has the
+        structure of one of a step already split takes that step's needs, scaled by the
+        two graphs' keep-all peaks (:meth:`_split_of_another_shape`)."""
         if self.budget.nbytes is None:
             return 0, 0
         # this step's graphs as a call before this one compiled them, else another input
@@ -841,10 +877,16 @@ class Planner:
             later = known[len(self.call) + 1 :]
             return sum(least for _, least in later), sum(g for g, _ in later)
         total = ddp_reserve()  # one copy of every gradient DDP reduces
-        if not total:
-            return 0, 0
-        own = _gradient_bytes(graph) + sum(_gradient_bytes(self.records[i].joint.graph) for i in self.call)
-        return max(total - own, 0), max(total - own, 0)
+        if total:
+            own = _gradient_bytes(graph) + sum(
+                _gradient_bytes(self.records[i].joint.graph) for i in self.call
+            )
+            return max(total - own, 0), max(total - own, 0)
+        if self.more_follows:  # a graph break: the step goes on, on what this graph returns
+            self.guessed.add(self.step)
+            grads = _tangent_bytes(graph)
+            return LATER_ROOM * grads, grads
+        return 0, 0
 
     def _split_of_another_shape(self, graph: Graph) -> tuple[tuple[int, int], ...] | None:
         """For a step not split before (a new input shape): the ``split`` of a step that was,

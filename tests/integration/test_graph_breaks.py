@@ -311,7 +311,8 @@ def test_graphs_of_one_step_share_a_byte_budget_or_warn_with_the_estimate() -> N
 def test_a_hugging_face_loss_split_off_by_a_graph_break_shares_a_byte_budget() -> None:
     # transformers computes the loss of labels= in a graph of its own: the model's graph
     # holds its saved activations while the loss graph runs (1.13x the budget measured when
-    # each graph was planned at the whole budget)
+    # each graph was planned at the whole budget; 1.34x at the first call, when the model's
+    # graph was planned before the loss graph was known, without a guess at its room)
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(
         n_layer=2, n_embd=128, n_head=4, vocab_size=2000, n_positions=128,
@@ -325,18 +326,20 @@ def test_a_hugging_face_loss_split_off_by_a_graph_break_shares_a_byte_budget() -
     opt = checkmate.optimize(model, budget, time_limit=5)
     with warnings.catch_warnings():
         warnings.simplefilter("error", BudgetWarning)
-        for _ in range(3):  # plans, plans again with the loss graph in view, runs
+        first = measure_peak(lambda: opt(input_ids=ids, labels=ids).loss.backward())  # plans
+        for _ in range(2):  # plans again with the loss graph in view where the guess was far off
             model.zero_grad(set_to_none=True)
             opt(input_ids=ids, labels=ids).loss.backward()
         model.zero_grad(set_to_none=True)
         peak = measure_peak(lambda: opt(input_ids=ids, labels=ids).loss.backward())
     records = plans_of(opt)
-    assert len(records) == 4
+    assert len(records) in (2, 4)
+    assert first <= budget, f"the first step: {first / budget:.3f}x the budget"
     assert peak <= budget, f"{peak / budget:.3f}x the budget"
-    # planned again with the loss graph in view: the model's graph holds at most a bound at
-    # its forward/backward boundary, where the loss graph runs (a peak budget alone is blind
+    # planned with room for the loss graph: the model's graph holds at most a bound at its
+    # forward/backward boundary, where the loss graph runs (a peak budget alone is blind
     # to it: planned so, this test failed 2 runs in 14 under load)
-    again = records[2]
+    again = records[-2]
     bound = again.result.info["boundary"]
     assert boundary_hold(again.joint.graph, again.result.schedule) <= bound < again.result.budget
     ref.zero_grad(set_to_none=True)
@@ -347,7 +350,7 @@ def test_a_hugging_face_loss_split_off_by_a_graph_break_shares_a_byte_budget() -
         assert torch.equal(p.grad, q.grad), name
 
     # an epoch's short last batch runs once per epoch: its first call must fit (planned
-    # without the loss graph in view, as the first batch-8 call was, it measured 1.17x)
+    # without the loss graph in view, it measured 1.17x)
     short = ids[:7]
     model.zero_grad(set_to_none=True)
     with warnings.catch_warnings():
