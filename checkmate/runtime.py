@@ -78,13 +78,16 @@ __all__ = ["COMPILERS", "BudgetWarning", "OverheadWarning", "PlanRecord", "Plann
 SPLIT_SLACK = 1.02
 
 #: at its first call, a graph after which the step goes on (a graph break) is planned with
-#: this many times the bytes of its outputs' gradients free at its forward/backward
-#: boundary, for the graphs after it: a loss on the outputs holds about three such values
-#: (its input, its log-softmax or difference, the gradient it returns). Measured: a Hugging
-#: Face GPT-2 with labels= (the loss split off) planned without that room stepped at 1.34x
-#: a byte budget of 0.7 of eager's peak at its first call; its loss graph's least peak is
-#: 3.0x its input's bytes
+#: at least this many times the bytes of its outputs' gradients free at its forward/backward
+#: boundary, for the graphs after it (:meth:`Planner._later_room`): a loss on the outputs
+#: holds about three such values (its input, its log-softmax or difference, the gradient it
+#: returns). Measured: a Hugging Face GPT-2 with labels= (the loss split off) planned
+#: without room stepped at 1.34x a byte budget of 0.7 of eager's peak at its first call;
+#: its loss graph's least peak is 3.0x its input's bytes
 LATER_ROOM = 3
+#: seconds for the least peak of a graph whose own least peak is the guess (a guess: the
+#: first plan found is close enough)
+GUESS_SECONDS = 2.0
 #: a guessed room more than this share of the budget above what the graphs after it need
 #: is replanned at the next call (:meth:`Planner._check_split`)
 GUESS_SLACK = 0.05
@@ -227,9 +230,9 @@ class Planner:
         unsettled: step signature -> the graphs of it planned above an infeasible fraction
             before the graphs after them were seen (see :meth:`partition`): :meth:`settle`
             raises the error of one that no graph at least twice its size followed.
-        guessed: signatures of steps a graph of which was planned with a guess at the room
-            the graphs after it need (:meth:`_later_room`), until :meth:`_check_split`
-            compares the guess with theirs, at the call's last graph.
+        guessed: step signature -> position in the call -> the room a graph there was
+            planned with for the graphs after it, guessed (:meth:`_later_room`), until
+            :meth:`_check_split` compares it with theirs, at the call's last graph.
         fallback: under Inductor, a graph no plan's compiled step fits raises
             :class:`_NoCompiledFit`, for the backend to run it uncompiled; off, its plan
             measured least runs compiled, with a :class:`BudgetWarning`.
@@ -260,7 +263,7 @@ class Planner:
     agreed: int | None = field(default=None, repr=False)
     unsettled: dict[object, list[_Unsettled]] = field(default_factory=dict, repr=False)
     fallback: bool = field(default=True, repr=False)
-    guessed: set[object] = field(default_factory=set, repr=False)
+    guessed: dict[object, dict[int, int]] = field(default_factory=dict, repr=False)
 
     @property
     def plans_made(self) -> int:
@@ -479,12 +482,10 @@ class Planner:
                 (g, self._least_peak(self.records[i].joint.graph, profile_id) if k else 0)
                 for k, (i, (_, _, g)) in enumerate(zip(self.call, parts))
             )
-            self.guessed.discard(self.step)
+            rooms = self.guessed.pop(self.step, {})
             if estimates[worst] <= nbytes:  # within the budget on a guessed room: too much of one?
                 spare = max(
-                    LATER_ROOM * _tangent_bytes(self.records[i].joint.graph)
-                    - sum(least for _, least in needs[k + 1 :])
-                    for k, i in enumerate(self.call[:-1])
+                    rooms.get(k, 0) - sum(least for _, least in needs[k + 1 :]) for k in range(len(needs) - 1)
                 )
                 if spare <= GUESS_SLACK * nbytes:
                     return
@@ -639,13 +640,13 @@ class Planner:
             )
         elif not check.fits and not quiet:
             tried = ", ".join(format_bytes(r.measured or 0) for r in check.rounds)
-            measured = (
+            over = (
                 f"{where}: compiled by Inductor, its step measured {format_bytes(check.measured or 0)}, "
                 f"over its budget of {format_bytes(check.budget)} ({(check.measured or 0) / check.budget:.3f}x); "
                 f"plans measured: {tried}"
             )
             if self.fallback:  # the backend runs it uncompiled where a plan fits that way
-                raise _NoCompiledFit(measured)
+                raise _NoCompiledFit(over)
             if check.no_plan_below is not None:  # replanning for less found no plan
                 what = (
                     f"no plan simulates under {format_bytes(check.no_plan_below)}: the budget is about the "
@@ -654,7 +655,7 @@ class Planner:
             else:
                 what = "Lower the budget"
             warnings.warn(
-                f"{measured}; no plan run uncompiled fits either. {what}",
+                f"{over}; no plan run uncompiled fits either. {what}",
                 BudgetWarning,
                 stacklevel=3,
             )
@@ -764,7 +765,7 @@ class Planner:
         what the step can reach."""
         before = self._held_before()
         base = before + self._outside_room(jg.graph)  # + code outside the module (check_step)
-        at_boundary, beside = self._later_room(jg.graph)
+        at_boundary, beside = self._later_room(jg.graph, profile_id)
         extra = at_boundary - beside  # room the boundary needs beyond what the whole run leaves
         tries: list[tuple[int, int | None]] = [(base + beside, extra)] if extra > 0 else []
         tries.append((base + beside, None))
@@ -854,17 +855,18 @@ class Planner:
             f"planned with the step), or raise the budget to {format_bytes(peak)}"
         )
 
-    def _later_room(self, graph: Graph) -> tuple[int, int]:
+    def _later_room(self, graph: Graph, profile_id: str) -> tuple[int, int]:
         """Under a byte budget, what the graphs after this one in the call need beside it:
         at its forward/backward boundary, where they run, and beside its whole run. As a
         call before this one found them (``split``): the sum of their least peaks (room to
         run in beside what this one saves), and the gradients they leave (held while this
         one's backward runs). Else under DDP, which splits a step's graph at its buckets,
         the gradients of its parameters that no graph of this call so far computes, for
-        both. Else, when the step goes on after this graph (a graph break), a guess from the
-        outputs the rest of the step is handed: :data:`LATER_ROOM` times their gradients'
-        bytes at the boundary, and those gradients beside the whole run (at the step's
-        first call :meth:`_check_split` compares the guess with the graphs that followed).
+        both. Else, when the step goes on after this graph (a graph break), a guess: at the
+        boundary, the more of :data:`LATER_ROOM` times its outputs' gradient bytes (a loss
+        on them) and its own least peak (the rest of a model split in two: about as large
+        as this part), and those gradients beside the whole run. At the call's last graph
+        :meth:`_check_split` compares the guess with the graphs that followed.
         Else nothing. A step of a new input shape whose graph in this position has the
         structure of one of a step already split takes that step's needs, scaled by the
         two graphs' keep-all peaks (:meth:`_split_of_another_shape`)."""
@@ -883,9 +885,10 @@ class Planner:
             )
             return max(total - own, 0), max(total - own, 0)
         if self.more_follows:  # a graph break: the step goes on, on what this graph returns
-            self.guessed.add(self.step)
             grads = _tangent_bytes(graph)
-            return LATER_ROOM * grads, grads
+            room = max(LATER_ROOM * grads, self._least_peak(graph, profile_id, GUESS_SECONDS))
+            self.guessed.setdefault(self.step, {})[len(self.call)] = room
+            return room, grads
         return 0, 0
 
     def _split_of_another_shape(self, graph: Graph) -> tuple[tuple[int, int], ...] | None:
@@ -911,12 +914,12 @@ class Planner:
                 best = (scale, tuple((int(g * scale), int(least * scale)) for g, least in known))
         return None if best is None else best[1]
 
-    def _least_peak(self, graph: Graph, profile_id: str) -> int:
+    def _least_peak(self, graph: Graph, profile_id: str, within: float = 10.0) -> int:
         """The least peak a schedule of ``graph`` found reaches (its keep-all peak when none
-        is found), within at most 10 s."""
+        is found), within at most ``within`` seconds."""
         ref = keep_all_peak(graph)
         least = Budget(least=True, reference=ref)
-        limit = min(self.time_limit or 10.0, 10.0)
+        limit = min(self.time_limit or within, within)
         res = plan_once(graph, -1, lambda _: self._cached(graph, least, profile_id, time_limit=limit))
         return int(res.peak or ref) if res.ok else ref
 

@@ -270,8 +270,9 @@ class BrokenInTheMiddle(nn.Module):
 
 
 def test_graphs_of_one_step_share_a_byte_budget_or_warn_with_the_estimate() -> None:
-    # the first call plans each graph alone (the second is not known yet); the step is then
-    # compiled again, each graph planned with room for the other beside it
+    # at the first call the second graph is not known yet: the first is planned with room
+    # guessed for it at its forward/backward boundary (its own least peak: the rest of a
+    # model split in two), then compared with what the second needs
     x = torch.randn(256, 128)
     torch.manual_seed(0)
     eager = measure_peak(lambda: BrokenInTheMiddle()(x).sum().backward())
@@ -280,15 +281,18 @@ def test_graphs_of_one_step_share_a_byte_budget_or_warn_with_the_estimate() -> N
     opt = checkmate.optimize(BrokenInTheMiddle(), budget, time_limit=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error", BudgetWarning)
-        for _ in range(3):  # plans, plans again with the other graph in view, runs
+        first = measure_peak(lambda: opt(x).sum().backward())
+        for _ in range(2):  # plans again where the guess was far off, runs
             opt(x).sum().backward()
         measured = measure_peak(lambda: opt(x).sum().backward())
     plans = plans_of(opt)
-    assert len(plans) == 4
-    assert (plans[2].result.peak or 0) < (plans[0].result.peak or 0)  # room made for the second graph
-    assert measured <= budget, (
-        f"{measured / budget:.3f}x the budget (1.68x with each graph at the whole budget)"
-    )
+    assert len(plans) in (2, 4)
+    bound = plans[-2].result.info.get("boundary")  # room made for the second graph
+    assert bound is not None and boundary_hold(plans[-2].joint.graph, plans[-2].result.schedule) <= bound
+    # 1.61x at the first call planned without room for the second graph, 1.68x at every
+    # call with each graph at the whole budget
+    assert first <= budget, f"the first call: {first / budget:.3f}x the budget"
+    assert measured <= budget, f"{measured / budget:.3f}x the budget"
 
     # too little for both graphs at their least: the second call says what the step reaches
     tight = int(0.33 * eager)
@@ -301,7 +305,7 @@ def test_graphs_of_one_step_share_a_byte_budget_or_warn_with_the_estimate() -> N
         low(x).sum().backward()
     estimate = float(re.search(r"\(([\d.]+)x the ", str(got[0].message)).group(1))  # type: ignore[union-attr]
     over = measure_peak(lambda: low(x).sum().backward()) / tight
-    assert over > 1.2  # what the warning is about
+    assert over > 1.05  # what the warning is about
     assert abs(estimate - over) < 0.2, (estimate, over)
     with warnings.catch_warnings():
         warnings.simplefilter("error", BudgetWarning)
