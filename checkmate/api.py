@@ -437,6 +437,7 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     try:
         out = _compiled_call(state, args, kwargs, limits=key not in state.eager_keys or _near_limit(state))
         state.planner.settle()  # every graph of the step is compiled: a fraction it cannot meet raises
+        state.planner.finish_call()  # a room guessed for graphs after a graph break, judged
     except BaseException:
         state.window_key = None
         _close_window(state)

@@ -32,10 +32,12 @@ mutated buffers (BatchNorm running statistics) back once per step.
 from __future__ import annotations
 
 import bisect
+import dis
 import functools
 import logging
 import math
 import sys
+import types
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
@@ -85,11 +87,13 @@ SPLIT_SLACK = 1.02
 #: without room stepped at 1.34x a byte budget of 0.7 of eager's peak at its first call;
 #: its loss graph's least peak is 3.0x its input's bytes
 LATER_ROOM = 3
+#: bytes of a scalar: a graph whose differentiable outputs are no larger computed a loss
+SCALAR_BYTES = 8
 #: seconds for the least peak of a graph whose own least peak is the guess (a guess: the
 #: first plan found is close enough)
 GUESS_SECONDS = 2.0
 #: a guessed room more than this share of the budget above what the graphs after it need
-#: is replanned at the next call (:meth:`Planner._check_split`)
+#: is replanned at the next call (:meth:`Planner.finish_call`)
 GUESS_SLACK = 0.05
 
 #: what a plan run by Inductor without the compiled check may hold (the warnings say it)
@@ -170,21 +174,39 @@ def called_from_model_code() -> bool:
     makes Dynamo run the callee as a frame of its own, and when it returns, the caller's
     step goes on. Read from the Python stack above the backend, up to checkmate's own call
     of the step: a frame of a ``forward``, of Dynamo's resumption of one, or of a module
-    outside torch and the standard library is the model's."""
+    outside torch and the standard library is the model's, unless the call it is making
+    is its last act (``return f(...)``: Dynamo's call of the part of a frame after a graph
+    break, its resumption, is one), which makes it transparent: its caller decides."""
     frame = sys._getframe(1)
     while frame is not None:
         module = str(frame.f_globals.get("__name__", ""))
         if module == "checkmate.api":
             return False  # checkmate's call of the step: the frame compiled is the step's own
         name, top = frame.f_code.co_name, module.partition(".")[0]
-        if top != "checkmate" and (
-            name == "forward"
-            or name.startswith("torch_dynamo_resume_in_")
-            or (top != "torch" and top not in sys.stdlib_module_names)
+        if (
+            top != "checkmate"
+            and (
+                name == "forward"
+                or name.startswith("torch_dynamo_resume_in_")
+                or (top != "torch" and top not in sys.stdlib_module_names)
+            )
+            and not _returns_next(frame)
         ):
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False
+
+
+def _returns_next(frame: types.FrameType) -> bool:
+    """Whether the instruction after the one ``frame`` is executing (a call) returns."""
+    after = [i for i in _instructions(frame.f_code) if i.offset > frame.f_lasti]
+    return bool(after) and after[0].opname in ("RETURN_VALUE", "RETURN_CONST")
+
+
+@functools.lru_cache(maxsize=256)
+def _instructions(code: types.CodeType) -> tuple[dis.Instruction, ...]:
+    """``code``'s instructions (a frame's code runs once per step: read once)."""
+    return tuple(dis.get_instructions(code))
 
 
 @dataclass
@@ -230,9 +252,9 @@ class Planner:
         unsettled: step signature -> the graphs of it planned above an infeasible fraction
             before the graphs after them were seen (see :meth:`partition`): :meth:`settle`
             raises the error of one that no graph at least twice its size followed.
-        guessed: step signature -> position in the call -> the room a graph there was
-            planned with for the graphs after it, guessed (:meth:`_later_room`), until
-            :meth:`_check_split` compares it with theirs, at the call's last graph.
+        guessed: step signature -> (profile id, position in the call -> the room a graph
+            there was planned with for the graphs after it, guessed: :meth:`_later_room`),
+            until :meth:`finish_call` compares it with theirs.
         fallback: under Inductor, a graph no plan's compiled step fits raises
             :class:`_NoCompiledFit`, for the backend to run it uncompiled; off, its plan
             measured least runs compiled, with a :class:`BudgetWarning`.
@@ -263,7 +285,7 @@ class Planner:
     agreed: int | None = field(default=None, repr=False)
     unsettled: dict[object, list[_Unsettled]] = field(default_factory=dict, repr=False)
     fallback: bool = field(default=True, repr=False)
-    guessed: dict[object, dict[int, int]] = field(default_factory=dict, repr=False)
+    guessed: dict[object, tuple[str, dict[int, int]]] = field(default_factory=dict, repr=False)
 
     @property
     def plans_made(self) -> int:
@@ -286,6 +308,47 @@ class Planner:
         pending = self.unsettled.get(self.step)
         if pending:
             raise pending[0].error
+
+    def finish_call(self) -> None:
+        """When a call's forward has returned: a graph of it planned with a guessed room for
+        the graphs after it (:meth:`_later_room`) that is more than :data:`GUESS_SLACK` of
+        the budget above what they need (their least peaks; nothing, when no graph with a
+        backward followed: a graph break before code that runs eagerly) has the step
+        compiled again at the next call with their needs (``split``, ``replan_pending``)."""
+        guess = self.guessed.pop(self.step, None)
+        if guess is None or self.step in self.split or self.budget.nbytes is None:
+            return
+        profile_id, rooms = guess
+        needs = self._needs(profile_id)
+        spare = max(room - sum(least for _, least in needs[k + 1 :]) for k, room in rooms.items())
+        asked = self.agreed if self.agreed is not None else self.budget.nbytes
+        if spare <= GUESS_SLACK * asked:
+            return
+        self.split[self.step] = needs
+        self.replan_pending = True
+        for k in rooms:  # planned for less than they may use: not a plan for the family to reuse
+            index = self.call[k]
+            members = self.families.get(structure(self.records[index].joint.graph), [])
+            if index in members:
+                members.remove(index)
+        log.info(
+            "the step's graphs were planned with %s more room for the graphs after them than those "
+            "need: compiling it again at the next call with their needs",
+            format_bytes(spare),
+        )
+
+    def _needs(self, profile_id: str) -> tuple[tuple[int, int], ...]:
+        """Per graph of the current call, in call order, what it needs while the others run
+        (``split``): the gradient bytes its backward leaves (held while an earlier graph's
+        backward runs), and its least peak (the room the earlier graphs must leave it; 0 for
+        the first)."""
+        return tuple(
+            (
+                _gradient_bytes(self.records[i].joint.graph),
+                self._least_peak(self.records[i].joint.graph, profile_id) if k else 0,
+            )
+            for k, i in enumerate(self.call)
+        )
 
     def backend(self) -> Callable[..., Any]:
         """A torch.compile backend running this planner's plans with its compiler."""
@@ -470,40 +533,23 @@ class Planner:
             for j in range(len(parts))
         ]
         worst = max(range(len(parts)), key=lambda j: estimates[j])
-        guessed = self.step in self.guessed and not self.more_follows  # the call's last graph
-        if estimates[worst] <= nbytes and not guessed:
-            return
+        if estimates[worst] <= nbytes:
+            return  # a guessed room is judged when the call's forward returns (finish_call)
         if self.step in self.split and estimates[worst] <= SPLIT_SLACK * nbytes:
             return  # planned with the others in view, and over by less than the model's accuracy
         if self.step not in self.split:  # not planned with the later graphs in view yet
             # what each graph leaves while an earlier one's backward runs, and at least holds
             # while it runs itself (its least peak: the room the earlier ones must leave it)
-            needs = tuple(
-                (g, self._least_peak(self.records[i].joint.graph, profile_id) if k else 0)
-                for k, (i, (_, _, g)) in enumerate(zip(self.call, parts))
-            )
-            rooms = self.guessed.pop(self.step, {})
-            if estimates[worst] <= nbytes:  # within the budget on a guessed room: too much of one?
-                spare = max(
-                    rooms.get(k, 0) - sum(least for _, least in needs[k + 1 :]) for k in range(len(needs) - 1)
-                )
-                if spare <= GUESS_SLACK * nbytes:
-                    return
-                log.info(
-                    "the step's graphs were planned with %s more room for the graphs after them than "
-                    "those need: compiling it again at the next call with theirs",
-                    format_bytes(spare),
-                )
-            else:
-                log.info(
-                    "the step's %d graphs can together reach %s, over the %s of the budget left to them: "
-                    "compiling it again at the next call, each graph planned with the others beside it",
-                    len(parts),
-                    format_bytes(estimates[worst]),
-                    format_bytes(nbytes),
-                )
-            self.split[self.step] = needs
+            self.split[self.step] = self._needs(profile_id)
+            self.guessed.pop(self.step, None)
             self.replan_pending = True
+            log.info(
+                "the step's %d graphs can together reach %s, over the %s of the budget left to them: "
+                "compiling it again at the next call, each graph planned with the others beside it",
+                len(parts),
+                format_bytes(estimates[worst]),
+                format_bytes(nbytes),
+            )
             return
         self.warned_split = True
         held = sum(s for s, _, _ in parts[:worst])
@@ -864,9 +910,11 @@ class Planner:
         the gradients of its parameters that no graph of this call so far computes, for
         both. Else, when the step goes on after this graph (a graph break), a guess: at the
         boundary, the more of :data:`LATER_ROOM` times its outputs' gradient bytes (a loss
-        on them) and its own least peak (the rest of a model split in two: about as large
-        as this part), and those gradients beside the whole run. At the call's last graph
-        :meth:`_check_split` compares the guess with the graphs that followed.
+        on them) and, unless its outputs are scalars (a loss: what follows is bookkeeping,
+        such as the output object a Hugging Face model builds), its own least peak (the
+        rest of a model split in two: about as large as this part), and those gradients
+        beside the whole run. When the call's forward
+        returns, :meth:`finish_call` compares the guess with the graphs that followed.
         Else nothing. A step of a new input shape whose graph in this position has the
         structure of one of a step already split takes that step's needs, scaled by the
         two graphs' keep-all peaks (:meth:`_split_of_another_shape`)."""
@@ -886,8 +934,11 @@ class Planner:
             return max(total - own, 0), max(total - own, 0)
         if self.more_follows:  # a graph break: the step goes on, on what this graph returns
             grads = _tangent_bytes(graph)
-            room = max(LATER_ROOM * grads, self._least_peak(graph, profile_id, GUESS_SECONDS))
-            self.guessed.setdefault(self.step, {})[len(self.call)] = room
+            room = LATER_ROOM * grads
+            if any(n.mem > SCALAR_BYTES for n in graph.nodes if n.op.startswith("tangents")):
+                # outputs the rest of a model may go on from (a loss's scalar ends the model)
+                room = max(room, self._least_peak(graph, profile_id, GUESS_SECONDS))
+            self.guessed.setdefault(self.step, (profile_id, {}))[1][len(self.call)] = room
             return room, grads
         return 0, 0
 
