@@ -540,8 +540,7 @@ class Planner:
         if self.step not in self.split:  # not planned with the later graphs in view yet
             # what each graph leaves while an earlier one's backward runs, and at least holds
             # while it runs itself (its least peak: the room the earlier ones must leave it)
-            self.split[self.step] = self._needs(profile_id)
-            self.guessed.pop(self.step, None)
+            self.split[self.step] = self._needs(profile_id)  # finish_call drops a guess then
             self.replan_pending = True
             log.info(
                 "the step's %d graphs can together reach %s, over the %s of the budget left to them: "
@@ -933,9 +932,10 @@ class Planner:
             )
             return max(total - own, 0), max(total - own, 0)
         if self.more_follows:  # a graph break: the step goes on, on what this graph returns
-            grads = _tangent_bytes(graph)
+            tangents = [int(n.mem) for n in graph.nodes if n.op.startswith("tangents")]
+            grads = sum(tangents)
             room = LATER_ROOM * grads
-            if any(n.mem > SCALAR_BYTES for n in graph.nodes if n.op.startswith("tangents")):
+            if max(tangents, default=0) > SCALAR_BYTES:
                 # outputs the rest of a model may go on from (a loss's scalar ends the model)
                 room = max(room, self._least_peak(graph, profile_id, GUESS_SECONDS))
             self.guessed.setdefault(self.step, (profile_id, {}))[1][len(self.call)] = room
