@@ -420,8 +420,10 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         out = state.eager(*args, **kwargs)
         _track_pending(state, out)
         return out
-    if state.recompile:  # a step measured whole exceeded the budget: room for what is outside
-        state.recompile = False
+    if state.recompile or state.planner.recompile:
+        # a step measured whole exceeded the budget (room for what is outside), or a backward
+        # was given gradients its plan counted as no bytes
+        state.recompile = state.planner.recompile = False
         _compile_again(state)
     elif state.planner.budget.nbytes is not None and key in state.eager_keys and key not in state.stepped:
         if rank_and_world()[1] > 1:  # ranks measuring apart could decide apart to plan again (a collective)

@@ -57,6 +57,7 @@ from checkmate.families import family_target, larger_shape_budget, plan_ahead, r
 from checkmate.records import HELD_TO, KEEPS_ALL, PlanRecord
 from checkmate.scratch import flush_scratch, prefetch_scratch, scratch_bytes
 from checkmate.stepcheck import STEP_SLACK, abort_windows
+from checkmate.tangents import NoneTangents, grad_fns, release_unused, unread_tangents
 from checkmate.timers import stage
 from checkmate.trace import JointGraph, build_graph, correct_traced_dtypes, recompute_dropout_from_mask
 from solvers.api import no_plan_error
@@ -110,6 +111,9 @@ _Plan = tuple[SolveResult, SplitModules, tuple[str, ...]]
 #: ``"inductor"`` compiles them with Inductor (see the module docstring and the README,
 #: "Compilers")
 COMPILERS = ("aot", "inductor")
+
+#: the meta key, on a generated backward's output node, of the index of its plan's record
+RECORD_KEY = "checkmate_record"
 
 
 class BudgetWarning(UserWarning):
@@ -258,6 +262,11 @@ class Planner:
         fallback: under Inductor, a graph no plan's compiled step fits raises
             :class:`_NoCompiledFit`, for the backend to run it uncompiled; off, its plan
             measured least runs compiled, with a :class:`BudgetWarning`.
+        plan_unread: plan the gradients of outputs a loss returned beside them was computed from
+            as not given (:func:`checkmate.tangents.unread_tangents`); off once a backward was
+            given one.
+        recompile: a backward was given gradients its plan counted as no bytes, beyond its
+            budget: the caller compiles the step again at its next call.
     """
 
     budget: Budget
@@ -286,6 +295,9 @@ class Planner:
     unsettled: dict[object, list[_Unsettled]] = field(default_factory=dict, repr=False)
     fallback: bool = field(default=True, repr=False)
     guessed: dict[object, tuple[str, dict[int, int]]] = field(default_factory=dict, repr=False)
+    plan_unread: bool = field(default=True, repr=False)
+    recompile: bool = field(default=False, repr=False)
+    warned_given: set[int] = field(default_factory=set, repr=False)
 
     @property
     def plans_made(self) -> int:
@@ -337,6 +349,28 @@ class Planner:
             format_bytes(spare),
         )
 
+    def given(self, rec: PlanRecord, given: dict[str, int]) -> None:
+        """A backward of ``rec``'s plan was given gradients (name -> bytes) it planned as no
+        bytes (``plan_unread``): the step differentiates outputs beside its loss. From now on
+        plans count them; where this plan's peak and those bytes exceed its budget, the step
+        is compiled again at its next call (``recompile``), with a :class:`BudgetWarning`."""
+        self.plan_unread = False
+        extra = sum(given.values())
+        peak, budget = int(rec.result.peak or 0), int(rec.result.budget)
+        if peak + extra <= budget or rec.index in self.warned_given:
+            return
+        self.warned_given.add(rec.index)
+        self.recompile = True
+        warnings.warn(
+            f"graph {rec.index} returns a loss and outputs it was computed from (a language model's logits), "
+            "and was planned without gradients for those outputs, which a step that differentiates only the "
+            f"loss never gives; this backward was given {len(given)} ({format_bytes(extra)}), so it can exceed "
+            f"its budget of {format_bytes(budget)} by up to {format_bytes(peak + extra - budget)}. The step is "
+            "compiled again at its next call, counting them",
+            BudgetWarning,
+            stacklevel=2,
+        )
+
     def _needs(self, profile_id: str) -> tuple[tuple[int, int], ...]:
         """Per graph of the current call, in call order, what it needs while the others run
         (``split``): the gradient bytes its backward leaves (held while an earlier graph's
@@ -355,7 +389,7 @@ class Planner:
         if self.compiler == "inductor":
             inner = _inductor_backend(self)
         else:
-            inner = aot_autograd(fw_compiler=_as_is, bw_compiler=_as_is, partition_fn=self.partition)
+            inner = _aot_backend(self)
 
         def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], **configs: Any) -> Any:
             self.more_follows = ends_at_graph_break(gm) or called_from_model_code()
@@ -446,6 +480,8 @@ class Planner:
                     )
                 raise beyond
         out = self._record(jg, res, modules, paged, asked, reused, spent, compiler, check)
+        bw_out = next(n for n in reversed(self.records[-1].modules.backward.graph.nodes) if n.op == "output")
+        bw_out.meta[RECORD_KEY] = len(self.records) - 1
         self.call.append(len(self.records) - 1)
         self.latest[self.step] = list(self.call)
         if self.step in self.unsettled:  # a graph twice their size sets the step's peak
@@ -756,6 +792,9 @@ class Planner:
             save_costs=saving,
             # Inductor's C++ code stores bools slowly: masks are computed in the backward
             late_masks=compiler == "inductor" and device.type == "cpu",
+            # a loss returned beside outputs it was computed from: their gradients are expected not
+            # to be given (the aot backward runs without them; Inductor's is given zeros)
+            unread=unread_tangents(joint) if compiler == "aot" and self.plan_unread else frozenset(),
             name=f"graph{len(self.records)}",
         )
         with stage("scratch", spent):
@@ -1279,9 +1318,7 @@ def _uncompiled(planner: Planner, gm: fx.GraphModule, example_inputs: Sequence[A
         InfeasibleBudgetError: no plan fits that way either.
     """
     index = len(planner.records)
-    out = aot_autograd(fw_compiler=_as_is, bw_compiler=_as_is, partition_fn=planner.partition)(
-        gm, list(example_inputs)
-    )
+    out = _aot_backend(planner)(gm, list(example_inputs))
     warnings.warn(
         f"graph {index}: no plan's step compiled by Inductor fits the budget of {planner.budget} ({why}); "
         "the graph runs its plan uncompiled, as compiler='aot' does, within the budget. A larger budget "
@@ -1548,8 +1585,47 @@ def _buffer_bytes(scheduler: Any, name: str) -> int:
 
 
 def _as_is(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
-    """The compilers: run the generated modules unchanged (they use the boxed convention)."""
+    """The forward's compiler: run the generated module unchanged (it uses the boxed convention)."""
     return gm
+
+
+def _aot_backend(planner: Planner) -> Callable[..., Any]:
+    """AOTAutograd with ``planner`` as its partitioner, running the generated modules as they
+    are; the gradients of outputs the loss does not read stay undefined, as in eager, and the
+    backward runs without them (:mod:`checkmate.tangents`)."""
+
+    def backward(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> NoneTangents:
+        # AOTAutograd compiles a copy of the module the partitioner made: its record is named
+        # in the output node's meta, which copies keep
+        out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+        index = out.meta.get(RECORD_KEY)
+        if index is None or not planner.records[index].joint.unread:
+            return NoneTangents(gm)
+        rec = planner.records[index]
+        return NoneTangents(gm, rec.joint.unread, functools.partial(planner.given, rec))
+
+    aot = aot_autograd(fw_compiler=_as_is, bw_compiler=backward, partition_fn=planner.partition)
+
+    def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], **configs: Any) -> Any:
+        compiled = aot(gm, example_inputs, **configs)
+
+        @functools.wraps(compiled)
+        def run(*args: Any) -> Any:
+            made_before = grad_fns(_flat(args))  # a boxed call clears its argument list
+            out = compiled(*args)
+            release_unused(out if isinstance(out, (list, tuple)) else (out,), made_before)
+            return out
+
+        return run
+
+    return compile_graph
+
+
+def _flat(args: tuple[Any, ...]) -> list[Any]:
+    """A compiled graph's arguments, whether passed boxed (one list) or as they are."""
+    if len(args) == 1 and isinstance(args[0], list):
+        return list(args[0])
+    return list(args)
 
 
 def _cache_status(res: SolveResult, plan_path: str | None) -> str:

@@ -105,6 +105,8 @@ class JointGraph:
             right after it (see :func:`checkmate.placement.accumulates_into`).
         folded: names of the fused ops folded into their readers, and of views of them
             (codegen recomputes them inside each reader, never keeps them).
+        unread: names of the tangents planned as no bytes: gradients of outputs beside a
+            loss, which the step is expected not to give (:mod:`checkmate.tangents`).
     """
 
     graph: Graph
@@ -116,6 +118,7 @@ class JointGraph:
     mutated: frozenset[str] = frozenset()
     inplace: dict[str, str] = field(default_factory=dict)
     folded: frozenset[str] = frozenset()
+    unread: frozenset[str] = frozenset()
 
     @property
     def sink(self) -> int:
@@ -415,6 +418,7 @@ def build_graph(
     fuse: Callable[[fx.Node], bool] | None = None,
     save_costs: Callable[[fx.Node], float] | None = None,
     late_masks: bool = False,
+    unread: frozenset[str] = frozenset(),
     name: str = "",
 ) -> JointGraph:
     """Model the joint graph ``gm`` as a :class:`solvers.Graph`.
@@ -437,6 +441,8 @@ def build_graph(
         late_masks: a boolean value (a mask) only the backward reads is computed in the
             backward, not held from the forward, whatever its inputs' bytes: for Inductor's
             C++ code, which stores bools slowly (:func:`checkmate.placement.backward_only`).
+        unread: tangents to count as no bytes: gradients the step is expected not to give
+            (:func:`checkmate.tangents.unread_tangents`).
         name: the graph's name.
 
     Returns:
@@ -570,7 +576,10 @@ def build_graph(
         and (is_mutation(call_of.get(o, o).target) or is_random_node(call_of.get(o, o)) or o in reads_mutated)
     }
     mem = {
-        o: 0 if writes_input(call_of.get(o, o).target) else _tensor_bytes(o.meta.get("val")) for o in owners
+        o: 0
+        if writes_input(call_of.get(o, o).target) or o.name in unread
+        else _tensor_bytes(o.meta.get("val"))
+        for o in owners
     }
     sunk = backward_only(
         owners, inputs, backward, once | held_owners | set(call_of), mem, late_masks=late_masks
@@ -673,4 +682,5 @@ def build_graph(
             and n not in multi
             and _on_folded(n, inlined, base)
         ),
+        unread=frozenset(t.name for t in tangents if t.name in unread),
     )

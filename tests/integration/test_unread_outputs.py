@@ -1,0 +1,182 @@
+"""Outputs beside a loss that the step does not differentiate: their gradients stay None.
+
+A model that returns its loss first and its logits beside it (as Hugging Face models given
+``labels=`` do) is trained with ``loss.backward()``. Eager autograd computes no gradient for
+the logits; AOTAutograd's compiled function had autograd allocate a logits-sized zero one
+before its backward. checkmate's backward runs without it (:mod:`checkmate.tangents`), and
+its plans count it as no bytes, and a step that differentiates the logits anyway is caught
+at its backward: a warning where the budget may be exceeded, and the step planned again.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.graph import _BoxedCodeGen
+
+import checkmate
+from checkmate.memory import measure_peak
+from checkmate.tangents import fold_zeros, unread_tangents
+
+pytestmark = pytest.mark.torch
+
+VOCAB, WIDTH, BATCH, LENGTH = 2048, 256, 4, 64
+
+
+class LossFirst(nn.Module):
+    """A language-model head returning its loss, then its logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, WIDTH)
+        self.body = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH))
+        self.head = nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.head(self.body(self.emb(x)))
+        return F.cross_entropy(logits.view(-1, VOCAB), y.view(-1)), logits
+
+
+def _batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, VOCAB, (BATCH, LENGTH), generator=g),) * 2
+
+
+def _loss_only(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    out = model(x, y)  # held until the backward is done, as a training loop holds its outputs
+    out[0].backward()
+
+
+def _both(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    loss, logits = model(x, y)
+    (loss + logits.mean()).backward()
+
+
+def _grads(model: nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def _setup(seed: int = 0) -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(seed)
+    eager = LossFirst()
+    return eager, copy.deepcopy(eager)
+
+
+def test_a_loss_returned_first_runs_within_eagers_own_peak_with_eagers_gradients() -> None:
+    eager, model = _setup()
+    x, y = _batch(1)
+    _loss_only(eager, x, y)
+    eager.zero_grad(set_to_none=True)
+    eager_peak = measure_peak(lambda: _loss_only(eager, x, y))
+    want = _grads(eager)
+    # at eager's own peak, nothing is recomputed: counting a zero logits gradient beside every
+    # value kept, the plan's keep-all peak was 1.19x eager's, and it recomputed to fit
+    opt = checkmate.optimize(model, eager_peak, (x, y), time_limit=10)
+    (rec,) = checkmate.plans_of(opt)
+    assert rec.joint.unread  # the logits' gradient: planned as no bytes
+    assert rec.modules.recomputes == 0 and rec.reference_peak <= eager_peak
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", checkmate.BudgetWarning)
+        for _ in range(2):
+            model.zero_grad(set_to_none=True)
+            peak = measure_peak(lambda: _loss_only(opt, x, y))
+            assert peak <= eager_peak, f"measured {peak:,} of a budget of {eager_peak:,}"
+    got = _grads(model)
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_a_step_differentiating_the_outputs_beside_the_loss_is_warned_and_planned_again() -> None:
+    eager, model = _setup()
+    x, y = _batch(2)
+    _both(eager, x, y)
+    eager.zero_grad(set_to_none=True)
+    # below the plan that keeps every value (planned without the logits' gradient) and that
+    # gradient together; the plan counting it recomputes
+    budget = int(0.9 * measure_peak(lambda: _both(eager, x, y)))
+    opt = checkmate.optimize(model, budget, time_limit=10)
+    with pytest.warns(checkmate.BudgetWarning, match="planned without gradients for those outputs"):
+        _both(opt, x, y)
+    (first,) = checkmate.plans_of(opt)
+    assert first.joint.unread
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", checkmate.BudgetWarning)
+        for _ in range(3):  # compiled again at the next call, counting the logits' gradient
+            model.zero_grad(set_to_none=True)
+            peak = measure_peak(lambda: _both(opt, x, y))
+            # beside the step: the loop's scalars (the mean, the sum)
+            assert peak <= budget + 64, f"measured {peak:,} of a budget of {budget:,}"
+    records = checkmate.plans_of(opt)
+    assert len(records) == 2 and not records[-1].joint.unread
+    eager.zero_grad(set_to_none=True)
+    _both(eager, x, y)
+    got, want = _grads(model), _grads(eager)
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def _name(gm: torch.fx.GraphModule, *names: str) -> None:
+    for n, name in zip([n for n in gm.graph.nodes if n.op == "placeholder"], names):
+        n._rename(name)
+        n.target = name
+
+
+def _traced(fn, *shapes: tuple[int, ...]) -> torch.fx.GraphModule:
+    """``fn`` traced to aten ops with fake values, with the boxed calling convention."""
+    gm = make_fx(fn, tracing_mode="fake")(*(torch.randn(s) for s in shapes))
+    _name(gm, "saved_x", *(f"tangents_{k}" for k in range(1, len(shapes))))  # the backward's naming
+    gm.graph.set_codegen(_BoxedCodeGen())
+    gm.recompile()
+    return gm
+
+
+def test_a_zero_gradient_folds_into_an_addition_and_is_made_where_it_cannot() -> None:
+    x = torch.randn(4, 8)
+
+    def add_then_scale(saved_x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        g = t + saved_x * 2  # folds: the gradient is the other operand
+        return g.sum(0), (t * 3).exp()  # exp of a zero: a zero tensor is made for it
+
+    gm = _traced(add_then_scale, (4, 8), (4, 8))
+    folded = fold_zeros(gm, frozenset({"tangents_1"}))
+    got = folded([x, None])
+    assert torch.equal(got[0], (x * 2).sum(0)) and torch.equal(got[1], torch.ones(4, 8))
+    code = folded.code
+    assert "aten.add" not in code and "zeros_strided" in code
+
+    def broadcast(saved_x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor]:
+        return (t + saved_x,)  # the zero is larger than the other operand: made, then added
+
+    gm = _traced(broadcast, (8,), (4, 8))
+    (got,) = fold_zeros(gm, frozenset({"tangents_1"}))([x[0], None])
+    assert torch.equal(got, x[0].expand(4, 8))
+
+
+def _joint(fn, *shapes: tuple[int, ...]) -> torch.fx.GraphModule:
+    gm = make_fx(fn, tracing_mode="fake")(*(torch.randn(s) for s in shapes))
+    _name(gm, "primals_1", "tangents_1", "tangents_2")
+    return gm
+
+
+def test_only_the_gradients_of_outputs_a_loss_was_computed_from_are_planned_unread() -> None:
+    def logits(x: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor) -> tuple[torch.Tensor]:
+        return ((t2 + x * t1).sum(0),)  # the loss's gradient of x, and the output x's: added
+
+    def aux(x: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor) -> tuple[torch.Tensor]:
+        return ((t2 + x).sum(0) * t1,)  # added to what no loss's gradient flows into
+
+    def scaled(x: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor) -> tuple[torch.Tensor]:
+        return ((t2 * 2 + x * t1).sum(0),)  # read by more than an addition
+
+    def broadcast(x: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor) -> tuple[torch.Tensor]:
+        return (t2 + (x * t1).sum(0),)  # added to a smaller tensor: its zero would be made
+
+    assert unread_tangents(_joint(logits, (4, 8), (), (4, 8))) == {"tangents_2"}
+    for fn in (aux, scaled, broadcast):
+        assert unread_tangents(_joint(fn, (4, 8), (), (4, 8))) == frozenset(), fn.__name__
+    # no loss (no gradient of one element): every gradient is counted
+    assert unread_tangents(_joint(logits, (4, 8), (4, 8), (4, 8))) == frozenset()
