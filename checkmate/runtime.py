@@ -57,9 +57,15 @@ from checkmate.families import family_target, larger_shape_budget, plan_ahead, r
 from checkmate.records import HELD_TO, KEEPS_ALL, PlanRecord
 from checkmate.scratch import flush_scratch, prefetch_scratch, scratch_bytes
 from checkmate.stepcheck import STEP_SLACK, abort_windows
-from checkmate.tangents import NoneTangents, grad_fns, release_unused, unread_tangents
+from checkmate.tangents import NoneTangents, grad_fns, release_unused, unread_tangents, watch_held
 from checkmate.timers import stage
-from checkmate.trace import JointGraph, build_graph, correct_traced_dtypes, recompute_dropout_from_mask
+from checkmate.trace import (
+    JointGraph,
+    build_graph,
+    correct_traced_dtypes,
+    drop_outputs_beside_loss,
+    recompute_dropout_from_mask,
+)
 from solvers.api import no_plan_error
 from solvers.boundary import boundary_hold
 from solvers.budget import Budget, format_bytes
@@ -265,8 +271,14 @@ class Planner:
         plan_unread: plan the gradients of outputs a loss returned beside them was computed from
             as not given (:func:`checkmate.tangents.unread_tangents`); off once a backward was
             given one.
-        recompile: a backward was given gradients its plan counted as no bytes, beyond its
-            budget: the caller compiles the step again at its next call.
+        plan_dropped: where a byte budget has no plan otherwise, plan with the outputs beside a
+            loss dropped when the backward starts (:meth:`_dropping_outputs`); off once a
+            backward found them held.
+        dropped_errors: record index -> the error of a graph planned so: raised by
+            :meth:`held` when a backward finds the outputs held.
+        recompile: a backward was given gradients its plan counted as no bytes, or found
+            outputs held that its plan dropped, beyond its budget: the caller compiles the step
+            again at its next call.
     """
 
     budget: Budget
@@ -296,6 +308,8 @@ class Planner:
     fallback: bool = field(default=True, repr=False)
     guessed: dict[object, tuple[str, dict[int, int]]] = field(default_factory=dict, repr=False)
     plan_unread: bool = field(default=True, repr=False)
+    plan_dropped: bool = field(default=True, repr=False)
+    dropped_errors: dict[int, InfeasibleBudgetError] = field(default_factory=dict, repr=False)
     recompile: bool = field(default=False, repr=False)
     warned_given: set[int] = field(default_factory=set, repr=False)
 
@@ -448,13 +462,17 @@ class Planner:
             try:
                 res, asked, reused = self._solve_after_earlier(jg, profile_id)
             except InfeasibleBudgetError as exc:
-                if not self._compiled_may_fit(compiler, exc):
-                    raise
-                try:
-                    res = self._at_least_peak(jg, exc, profile_id)
-                except InfeasibleBudgetError:
-                    raise exc from None
-                beyond, asked, reused = exc, None, None
+                dropping = self._dropping_outputs(joint, jg, exc, profile_id, compiler)
+                if dropping is not None:
+                    jg, (res, asked, reused) = dropping
+                else:
+                    if not self._compiled_may_fit(compiler, exc):
+                        raise
+                    try:
+                        res = self._at_least_peak(jg, exc, profile_id)
+                    except InfeasibleBudgetError:
+                        raise exc from None
+                    beyond, asked, reused = exc, None, None
         with stage("codegen", spent):
             modules, paged = _codegen(joint, jg, res)
         check = None
@@ -497,6 +515,89 @@ class Planner:
             took = ", ".join(f"{k} {v:.1f} s" for k, v in spent.items())
             log.info("%s; plan cache %s; %s", rec.summary(), rec.cache, took)
         return out
+
+    def _dropping_outputs(
+        self,
+        joint: fx.GraphModule,
+        jg: JointGraph,
+        exc: InfeasibleBudgetError,
+        profile_id: str,
+        compiler: str,
+    ) -> tuple[JointGraph, tuple[SolveResult, int | None, int | None]] | None:
+        """Where a byte budget has no plan holding the outputs beside the graph's loss to the
+        end of its backward (a language model's logits, as a loop that keeps ``outputs =
+        model(...)`` holds them): the graph with them dropped when its backward starts
+        (:func:`checkmate.trace.drop_outputs_beside_loss`, what a loop keeping only the loss
+        holds) and its plan, when that fits. Outputs the plan saves for the backward (an
+        attention's keys and values) live on whether the loop holds them or not, so they are
+        held, and it is planned again. Each backward then checks that the loop no longer
+        holds those dropped (:meth:`held`). None otherwise, with ``exc`` noting why."""
+        if compiler != "aot" or not jg.beside_loss or self.budget.nbytes is None:
+            return None
+        held = sum(int(jg.graph.mem[i]) for i in jg.beside_loss)
+        if not self.plan_dropped:
+            exc.add_note(
+                f"The plan holds the outputs beside the loss ({format_bytes(held)}) until the backward ends: "
+                "an earlier step held them there"
+            )
+            return None
+        keep: frozenset[tuple[tuple[int, ...], torch.dtype]] = frozenset()
+        while True:
+            dropped = drop_outputs_beside_loss(jg, keep)
+            if not dropped.dropped:
+                exc.add_note(
+                    "The outputs beside the loss are saved for the backward: dropping them saves nothing"
+                )
+                return None
+            try:
+                got = self._solve_after_earlier(dropped, profile_id)
+            except InfeasibleBudgetError:
+                exc.add_note(
+                    f"Neither does a plan dropping the outputs beside the loss ({format_bytes(held)}) when the "
+                    "backward starts, as a loop keeping only the loss does"
+                )
+                return None
+            assert got[0].schedule is not None
+            saved = {dropped.group.get(n) for n in generate(joint, dropped, got[0].schedule).saved}
+            kept = frozenset(key for i, key in jg.beside_loss.items() if i in saved) & dropped.dropped
+            if not kept:
+                break
+            keep |= kept
+        # without its traceback, whose frames would hold the call's outputs (a loop dropping them
+        # would seem to hold them)
+        self.dropped_errors[len(self.records)] = exc.with_traceback(None)
+        exc.__context__ = exc.__cause__ = None
+        log.info(
+            "graph %d: no plan holding the outputs beside its loss (%s) through the backward fits; planned "
+            "with them dropped when the backward starts, as a loop keeping only the loss holds them",
+            len(self.records),
+            format_bytes(
+                sum(int(jg.graph.mem[i]) for i, key in jg.beside_loss.items() if key in dropped.dropped)
+            ),
+        )
+        return dropped, got
+
+    def held(self, rec: PlanRecord, nbytes: int) -> None:
+        """A backward of ``rec``'s plan, made with the outputs beside its loss dropped when the
+        backward starts, found ``nbytes`` of them still held. From now on plans hold them.
+        Where the plan's peak and those bytes exceed its budget, the step is compiled again
+        at its next call (``recompile``), and the :class:`InfeasibleBudgetError` that no
+        plan holding them fits is raised now, from the backward, before the backward
+        exceeds the budget (what the plan holds up to there counts the outputs)."""
+        self.plan_dropped = False
+        peak, budget = int(rec.result.peak or 0), int(rec.result.budget)
+        error = self.dropped_errors.pop(rec.index, None)
+        if peak + nbytes <= budget or error is None:
+            return
+        self.recompile = True
+        error.add_note(
+            f"It was planned with the outputs beside the loss dropped when the backward starts, as a loop "
+            f"keeping only the loss does (`loss = model(**batch).loss`), but this loop still held "
+            f"{format_bytes(nbytes)} of them at its backward, where the plan would exceed the budget by up to "
+            f"{format_bytes(peak + nbytes - budget)}: drop them before `loss.backward()` (`del outputs`), or "
+            "raise the budget"
+        )
+        raise error.with_traceback(None)
 
     def _warn_if_costly(self, rec: PlanRecord) -> None:
         """An :class:`OverheadWarning`, once per planner, for a plan whose compute exceeds
@@ -1607,13 +1708,19 @@ def _aot_backend(planner: Planner) -> Callable[..., Any]:
     aot = aot_autograd(fw_compiler=_as_is, bw_compiler=backward, partition_fn=planner.partition)
 
     def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], **configs: Any) -> Any:
+        before = len(planner.records)
         compiled = aot(gm, example_inputs, **configs)
+        rec = planner.records[-1] if len(planner.records) > before else None
+        on_held = functools.partial(planner.held, rec) if rec is not None and rec.joint.dropped else None
 
         @functools.wraps(compiled)
         def run(*args: Any) -> Any:
             made_before = grad_fns(_flat(args))  # a boxed call clears its argument list
             out = compiled(*args)
-            release_unused(out if isinstance(out, (list, tuple)) else (out,), made_before)
+            outs = out if isinstance(out, (list, tuple)) else (out,)
+            nodes = release_unused(outs, made_before)
+            if on_held is not None and rec is not None:  # planned with outputs dropped at the backward
+                watch_held(nodes, outs, rec.joint.dropped, on_held)
             return out
 
         return run

@@ -35,6 +35,7 @@ behaviour, for the modules checkmate generates.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -51,6 +52,7 @@ __all__ = [
     "grad_fns",
     "release_unused",
     "unread_tangents",
+    "watch_held",
     "zeros_strided",
 ]
 
@@ -96,17 +98,17 @@ def grad_fns(tensors: Iterable[Any]) -> frozenset[int]:
     return frozenset(id(t.grad_fn) for t in tensors if isinstance(t, torch.Tensor) and t.grad_fn is not None)
 
 
-def release_unused(outputs: Iterable[Any], skip: frozenset[int] = frozenset()) -> int:
+def release_unused(outputs: Iterable[Any], skip: frozenset[int] = frozenset()) -> list[Any]:
     """Have the compiled functions that produced ``outputs`` pass an undefined gradient as
     None to their backward instead of a zero tensor autograd allocates
     (``set_materialize_grads(False)`` on their backward node). A node in ``skip`` (made
-    before the call: :func:`grad_fns` of its inputs) is left as it is. Returns how many were
+    before the call: :func:`grad_fns` of its inputs) is left as it is. Returns the nodes
     marked.
 
     An output that is a view AOTAutograd regenerates from an intermediate the function
     returns is followed one step, to that function's node.
     """
-    marked = 0
+    marked: list[Any] = []
     seen: set[int] = set()
     for out in outputs:
         fn = out.grad_fn if isinstance(out, torch.Tensor) else None
@@ -117,8 +119,37 @@ def release_unused(outputs: Iterable[Any], skip: frozenset[int] = frozenset()) -
             if type(f).__name__ == _COMPILED and id(f) not in skip and id(f) not in seen:
                 seen.add(id(f))
                 f.set_materialize_grads(False)  # type: ignore[attr-defined]
-                marked += 1
+                marked.append(f)
     return marked
+
+
+def watch_held(
+    nodes: Sequence[Any],
+    outputs: Iterable[Any],
+    keys: frozenset[tuple[tuple[int, ...], torch.dtype]],
+    on_held: Callable[[int], None],
+) -> None:
+    """When the backward reaches the first of ``nodes`` (a compiled function's backward
+    node), call ``on_held`` with the bytes of those of ``outputs`` of a size and dtype in
+    ``keys`` that are still alive: held by the loop through the backward, where the plan
+    dropped them when it starts. Only weak references are kept."""
+    refs = [
+        weakref.ref(t) for t in outputs if isinstance(t, torch.Tensor) and (tuple(t.shape), t.dtype) in keys
+    ]
+    if not nodes or not refs:
+        return
+
+    def reached(grad_outputs: Any) -> None:
+        storages: dict[int, int] = {}
+        for ref in refs:
+            t = ref()
+            if t is not None:
+                storage = t.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+        if storages:
+            on_held(sum(storages.values()))
+
+    nodes[0].register_prehook(reached)
 
 
 class NoneTangents:

@@ -58,7 +58,7 @@ from __future__ import annotations
 import contextlib
 import operator
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -107,6 +107,12 @@ class JointGraph:
             (codegen recomputes them inside each reader, never keeps them).
         unread: names of the tangents planned as no bytes: gradients of outputs beside a
             loss, which the step is expected not to give (:mod:`checkmate.tangents`).
+        beside_loss: graph id of the value of each of those outputs (a language model's
+            logits) -> its size and dtype (to find it among a call's outputs). Each is read by
+            the loss's gradient, so that it lives until the backward starts, and by the sink,
+            as a loop holding its outputs through the backward holds them.
+        dropped: the sizes and dtypes of those outputs that :func:`drop_outputs_beside_loss`
+            dropped when the backward starts, as a loop that keeps only the loss does.
     """
 
     graph: Graph
@@ -119,10 +125,67 @@ class JointGraph:
     inplace: dict[str, str] = field(default_factory=dict)
     folded: frozenset[str] = frozenset()
     unread: frozenset[str] = frozenset()
+    beside_loss: dict[int, tuple[tuple[int, ...], torch.dtype]] = field(default_factory=dict)
+    dropped: frozenset[tuple[tuple[int, ...], torch.dtype]] = frozenset()
 
     @property
     def sink(self) -> int:
         return self.graph.n - 1
+
+
+def drop_outputs_beside_loss(
+    jg: JointGraph, keep: frozenset[tuple[tuple[int, ...], torch.dtype]] = frozenset()
+) -> JointGraph:
+    """``jg`` with the outputs beside its loss (:attr:`JointGraph.beside_loss`), but those of
+    a size and dtype in ``keep``, dropped when the backward starts instead of held to its
+    end: what a loop that keeps only the loss (``model(**batch).loss.backward()``) holds."""
+    drop = {i for i, key in jg.beside_loss.items() if key not in keep}
+    g = jg.graph
+    edges = tuple((u, v) for u, v in g.edges if not (v == g.n - 1 and u in drop))
+    graph = Graph(nodes=g.nodes, edges=edges, name=g.name, meta=g.meta)
+    return replace(jg, graph=graph, dropped=frozenset(jg.beside_loss[i] for i in drop))
+
+
+def _key(n: fx.Node) -> tuple[tuple[int, ...], torch.dtype] | None:
+    """A traced value's size and dtype."""
+    v = n.meta.get("val")
+    return (tuple(int(d) for d in v.shape), v.dtype) if isinstance(v, torch.Tensor) else None
+
+
+def _beside_loss(
+    fwd_outputs: Sequence[fx.Node],
+    tangents: Iterable[fx.Node],
+    unread: frozenset[str],
+    base: dict[fx.Node, Any],
+) -> dict[fx.Node, tuple[tuple[int, ...], torch.dtype]]:
+    """The owners of the forward outputs whose gradients are ``unread`` -> the output's size
+    and dtype. Outputs and gradients are matched by size and dtype: a size and dtype that
+    only unread gradients have, as many as the outputs of it. An owner another output shares
+    (a view of it, or one of another size) is not one of them."""
+    wanted: dict[Any, int] = {}
+    counted: set[Any] = set()
+    for t in tangents:
+        if t.name in unread:
+            wanted[_key(t)] = wanted.get(_key(t), 0) + 1
+        else:
+            counted.add(_key(t))
+    by_key: dict[Any, list[fx.Node]] = {}
+    for o in fwd_outputs:
+        by_key.setdefault(_key(o), []).append(o)
+    keys = {
+        k for k, n in wanted.items() if k is not None and k not in counted and len(by_key.get(k, ())) == n
+    }
+    chosen = {o: k for k in keys for o in by_key[k]}
+    owners: dict[fx.Node, Any] = {}
+    for o in fwd_outputs:
+        b = base.get(o)
+        if b is None:
+            continue
+        if o not in chosen or owners.get(b, chosen[o]) != chosen[o]:
+            owners[b] = None  # shared with an output that is not beside the loss, or of another size
+        elif b not in owners:
+            owners[b] = chosen[o]
+    return {b: k for b, k in owners.items() if k is not None}
 
 
 def recompute_dropout_from_mask(gm: fx.GraphModule) -> int:
@@ -656,6 +719,16 @@ def build_graph(
             order.append(w)
         order.append(o.name)
     sink_reads = {gid[b] for o in flat_out if (b := base.get(o)) is not None}
+    # outputs a loss beside them was computed from: read by the loss's gradient too, so that a
+    # plan dropping them at the backward's start (drop_outputs_beside_loss) holds them to there
+    beside = _beside_loss(fwd_outputs, tangents, unread, base)
+    losses = [
+        t
+        for t in tangents
+        if t.name not in unread and isinstance(v := t.meta.get("val"), torch.Tensor) and v.numel() == 1
+    ]
+    beside = {b: key for b, key in beside.items() if b in gid} if losses else {}
+    edges += [(b.name, t.name) for b in beside for t in losses]
     graph_nodes.append({"key": SINK, "name": SINK, "cost": 0.0, "mem": 0, "backward": True, "op": "output"})
     edges += [(ordered[i].name, SINK) for i in sorted(sink_reads)]
     order.append(SINK)
@@ -683,4 +756,5 @@ def build_graph(
             and _on_folded(n, inlined, base)
         ),
         unread=frozenset(t.name for t in tangents if t.name in unread),
+        beside_loss={final[b.name]: key for b, key in beside.items()},
     )

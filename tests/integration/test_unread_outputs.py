@@ -21,6 +21,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.graph import _BoxedCodeGen
 
 import checkmate
+from checkmate.api import _STATE
 from checkmate.memory import measure_peak
 from checkmate.tangents import fold_zeros, unread_tangents
 
@@ -51,6 +52,10 @@ def _batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _loss_only(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
     out = model(x, y)  # held until the backward is done, as a training loop holds its outputs
     out[0].backward()
+
+
+def _loss_kept(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    model(x, y)[0].backward()  # the outputs beside the loss are dropped before the backward
 
 
 def _both(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -123,6 +128,42 @@ def _name(gm: torch.fx.GraphModule, *names: str) -> None:
     for n, name in zip([n for n in gm.graph.nodes if n.op == "placeholder"], names):
         n._rename(name)
         n.target = name
+
+
+def test_a_budget_that_fits_only_without_the_outputs_held_plans_them_dropped_and_checks_the_loop() -> None:
+    eager, model = _setup()
+    x, y = _batch(3)
+    _loss_kept(eager, x, y)
+    eager.zero_grad(set_to_none=True)
+    eager_peak = measure_peak(lambda: _loss_kept(eager, x, y))
+    want = _grads(eager)
+    # below what any plan holding the logits to the end of the backward reaches
+    budget = int(0.9 * eager_peak)
+    held = checkmate.optimize(copy.deepcopy(model), budget, time_limit=10)
+    held.__dict__[_STATE].planner.plan_dropped = False
+    with pytest.raises(checkmate.InfeasibleBudgetError):
+        _loss_kept(held, x, y)
+    opt = checkmate.optimize(model, budget, time_limit=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", checkmate.BudgetWarning)
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            peak = measure_peak(lambda: _loss_kept(opt, x, y))
+            assert peak <= budget, f"measured {peak:,} of a budget of {budget:,}"
+    (rec,) = checkmate.plans_of(opt)
+    assert rec.joint.dropped
+    got = _grads(model)
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    # a loop holding its outputs through the backward: the error is raised from its backward,
+    # before the backward exceeds the budget; the step, compiled again holding them, has no plan
+    model.zero_grad(set_to_none=True)
+    with pytest.raises(checkmate.InfeasibleBudgetError) as err:
+        peak = measure_peak(lambda: _loss_only(opt, x, y))
+    assert any("still held" in note for note in err.value.__notes__)
+    with warnings.catch_warnings(), pytest.raises(checkmate.InfeasibleBudgetError) as err:
+        warnings.simplefilter("ignore", checkmate.BudgetWarning)  # the call whose backward raised
+        _loss_only(opt, x, y)
+    assert any("an earlier step held them" in note for note in err.value.__notes__)
 
 
 def _traced(fn, *shapes: tuple[int, ...]) -> torch.fx.GraphModule:
