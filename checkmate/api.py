@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import copy
 import functools
+import gc
 import inspect
 import os
 import random
@@ -444,6 +445,11 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         state.window_key = None
         _close_window(state)
         raise
+    if len(state.planner.records) > before:
+        # compiling leaves reference cycles (Dynamo's tracers, the frames of exceptions it caught)
+        # that hold the call's real tensors, such as a graph break's outputs passed to the next
+        # graph: collected now, not when the backward is already running beside them
+        gc.collect()
     _track_pending(state, out)
     if state.window is not None and len(state.planner.records) > before:
         state.window_key = None  # it compiled (a guard Dynamo keys on, e.g. autocast): no measure
