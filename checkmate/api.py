@@ -445,10 +445,14 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         state.window_key = None
         _close_window(state)
         raise
-    if len(state.planner.records) > before:
-        # compiling leaves reference cycles (Dynamo's tracers, the frames of exceptions it caught)
-        # that hold the call's real tensors, such as a graph break's outputs passed to the next
-        # graph: collected now, not when the backward is already running beside them
+    call = state.planner.call
+    if len(state.planner.records) > before and (
+        len(call) > 1 or any(state.planner.records[i].joint.dropped for i in call)
+    ):
+        # compiling the graph after a graph break leaves reference cycles (Dynamo's tracer) that
+        # hold real tensors of the call, such as the output object built after the break:
+        # collected now, not when the backward is already running beside them (a full
+        # collection takes a tenth of a second or more: only where it matters)
         gc.collect()
     _track_pending(state, out)
     if state.window is not None and len(state.planner.records) > before:
