@@ -22,7 +22,7 @@ from torch.fx.graph import _BoxedCodeGen
 
 import checkmate
 from checkmate.api import _STATE
-from checkmate.memory import measure_peak
+from checkmate.memory import MemoryTracker, measure_peak
 from checkmate.tangents import fold_zeros, unread_tangents
 
 pytestmark = pytest.mark.torch
@@ -73,25 +73,38 @@ def _setup(seed: int = 0) -> tuple[nn.Module, nn.Module]:
     return eager, copy.deepcopy(eager)
 
 
-def test_a_loss_returned_first_runs_within_eagers_own_peak_with_eagers_gradients() -> None:
+def _steps_within(
+    step, opt: nn.Module, model: nn.Module, x, y, budget: int, calls: int, slack: int = 0
+) -> None:  # type: ignore[no-untyped-def]
+    """``calls`` steps of ``opt``, each measured within ``budget`` (and ``slack`` bytes), with
+    no :class:`checkmate.BudgetWarning`."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", checkmate.BudgetWarning)
+        for _ in range(calls):
+            model.zero_grad(set_to_none=True)
+            peak = measure_peak(lambda: step(opt, x, y))
+            assert peak <= budget + slack, f"measured {peak:,} of a budget of {budget:,}"
+
+
+def _eager_step(step, batch: int):  # type: ignore[no-untyped-def]
+    """A model, its twin, a batch, the twin's eager ``step`` peak on it, and its gradients."""
     eager, model = _setup()
-    x, y = _batch(1)
-    _loss_only(eager, x, y)
+    x, y = _batch(batch)
+    step(eager, x, y)
     eager.zero_grad(set_to_none=True)
-    eager_peak = measure_peak(lambda: _loss_only(eager, x, y))
-    want = _grads(eager)
+    peak = measure_peak(lambda: step(eager, x, y))
+    return model, x, y, peak, _grads(eager)
+
+
+def test_a_loss_returned_first_runs_within_eagers_own_peak_with_eagers_gradients() -> None:
+    model, x, y, eager_peak, want = _eager_step(_loss_only, 1)
     # at eager's own peak, nothing is recomputed: counting a zero logits gradient beside every
     # value kept, the plan's keep-all peak was 1.19x eager's, and it recomputed to fit
     opt = checkmate.optimize(model, eager_peak, (x, y), time_limit=10)
     (rec,) = checkmate.plans_of(opt)
     assert rec.joint.unread  # the logits' gradient: planned as no bytes
     assert rec.modules.recomputes == 0 and rec.reference_peak <= eager_peak
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", checkmate.BudgetWarning)
-        for _ in range(2):
-            model.zero_grad(set_to_none=True)
-            peak = measure_peak(lambda: _loss_only(opt, x, y))
-            assert peak <= eager_peak, f"measured {peak:,} of a budget of {eager_peak:,}"
+    _steps_within(_loss_only, opt, model, x, y, eager_peak, calls=2)
     got = _grads(model)
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
 
@@ -109,13 +122,9 @@ def test_a_step_differentiating_the_outputs_beside_the_loss_is_warned_and_planne
         _both(opt, x, y)
     (first,) = checkmate.plans_of(opt)
     assert first.joint.unread
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", checkmate.BudgetWarning)
-        for _ in range(3):  # compiled again at the next call, counting the logits' gradient
-            model.zero_grad(set_to_none=True)
-            peak = measure_peak(lambda: _both(opt, x, y))
-            # beside the step: the loop's scalars (the mean, the sum)
-            assert peak <= budget + 64, f"measured {peak:,} of a budget of {budget:,}"
+    # compiled again at the next call, counting the logits' gradient; beside the step, the
+    # loop's scalars (the mean, the sum)
+    _steps_within(_both, opt, model, x, y, budget, calls=3, slack=64)
     records = checkmate.plans_of(opt)
     assert len(records) == 2 and not records[-1].joint.unread
     eager.zero_grad(set_to_none=True)
@@ -131,12 +140,7 @@ def _name(gm: torch.fx.GraphModule, *names: str) -> None:
 
 
 def test_a_budget_that_fits_only_without_the_outputs_held_plans_them_dropped_and_checks_the_loop() -> None:
-    eager, model = _setup()
-    x, y = _batch(3)
-    _loss_kept(eager, x, y)
-    eager.zero_grad(set_to_none=True)
-    eager_peak = measure_peak(lambda: _loss_kept(eager, x, y))
-    want = _grads(eager)
+    model, x, y, eager_peak, want = _eager_step(_loss_kept, 3)
     # below what any plan holding the logits to the end of the backward reaches
     budget = int(0.9 * eager_peak)
     held = checkmate.optimize(copy.deepcopy(model), budget, time_limit=10)
@@ -144,12 +148,7 @@ def test_a_budget_that_fits_only_without_the_outputs_held_plans_them_dropped_and
     with pytest.raises(checkmate.InfeasibleBudgetError):
         _loss_kept(held, x, y)
     opt = checkmate.optimize(model, budget, time_limit=10)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", checkmate.BudgetWarning)
-        for _ in range(3):
-            model.zero_grad(set_to_none=True)
-            peak = measure_peak(lambda: _loss_kept(opt, x, y))
-            assert peak <= budget, f"measured {peak:,} of a budget of {budget:,}"
+    _steps_within(_loss_kept, opt, model, x, y, budget, calls=3)
     (rec,) = checkmate.plans_of(opt)
     assert rec.joint.dropped
     got = _grads(model)
@@ -157,9 +156,10 @@ def test_a_budget_that_fits_only_without_the_outputs_held_plans_them_dropped_and
     # a loop holding its outputs through the backward: the error is raised from its backward,
     # before the backward exceeds the budget; the step, compiled again holding them, has no plan
     model.zero_grad(set_to_none=True)
-    with pytest.raises(checkmate.InfeasibleBudgetError) as err:
-        peak = measure_peak(lambda: _loss_only(opt, x, y))
+    with MemoryTracker() as tracker, pytest.raises(checkmate.InfeasibleBudgetError) as err:
+        _loss_only(opt, x, y)
     assert any("still held" in note for note in err.value.__notes__)
+    assert tracker.peak <= budget, f"measured {tracker.peak:,} of a budget of {budget:,}"
     with warnings.catch_warnings(), pytest.raises(checkmate.InfeasibleBudgetError) as err:
         warnings.simplefilter("ignore", checkmate.BudgetWarning)  # the call whose backward raised
         _loss_only(opt, x, y)
