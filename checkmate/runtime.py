@@ -1711,7 +1711,8 @@ def _aot_backend(planner: Planner) -> Callable[..., Any]:
         before = len(planner.records)
         compiled = aot(gm, example_inputs, **configs)
         rec = planner.records[-1] if len(planner.records) > before else None
-        on_held = functools.partial(planner.held, rec) if rec is not None and rec.joint.dropped else None
+        dropped = rec.joint.dropped if rec is not None else frozenset()  # outputs planned dropped
+        on_held = functools.partial(planner.held, rec) if rec is not None else None
 
         @functools.wraps(compiled)
         def run(*args: Any) -> Any:
@@ -1719,8 +1720,8 @@ def _aot_backend(planner: Planner) -> Callable[..., Any]:
             out = compiled(*args)
             outs = out if isinstance(out, (list, tuple)) else (out,)
             nodes = release_unused(outs, made_before)
-            if on_held is not None and rec is not None:  # planned with outputs dropped at the backward
-                watch_held(nodes, outs, rec.joint.dropped, on_held)
+            if dropped and on_held is not None:
+                watch_held(nodes, outs, dropped, on_held)
             return out
 
         return run
@@ -1728,11 +1729,10 @@ def _aot_backend(planner: Planner) -> Callable[..., Any]:
     return compile_graph
 
 
-def _flat(args: tuple[Any, ...]) -> list[Any]:
-    """A compiled graph's arguments, whether passed boxed (one list) or as they are."""
-    if len(args) == 1 and isinstance(args[0], list):
-        return list(args[0])
-    return list(args)
+def _flat(args: tuple[Any, ...]) -> Sequence[Any]:
+    """A compiled graph's arguments, whether passed boxed (one list) or as they are (no copy:
+    read before the call, which may clear a boxed list)."""
+    return args[0] if len(args) == 1 and isinstance(args[0], list) else args
 
 
 def _cache_status(res: SolveResult, plan_path: str | None) -> str:
