@@ -155,7 +155,7 @@ def _compare(
             "peak": peaks[name],
             "graphs": len(recs) if name == "checkmate" else 0,
             "recomputes": sum(r.recomputes for r in recs) if name == "checkmate" else 0,
-            "received": sum(r.result.info.get("cache") == "rank 0" for r in recs)
+            "received": sum(str(r.result.info.get("cache", "")).startswith("rank ") for r in recs)
             if name == "checkmate"
             else 0,
         }

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from checkmate.distributed import active_ddp_module, check_fsdp_order, rank_and_world
+from checkmate.distributed import active_ddp_module, check_fsdp_order
 from checkmate.runtime import COMPILERS, UNCHECKED, BudgetWarning, Planner, PlanRecord, log
 from checkmate.stepcheck import StepWindow, abort_windows, open_window
 from solvers.budget import BudgetSpec, parse_budget
@@ -182,8 +182,9 @@ def optimize(
             plans measured; :mod:`checkmate.compiled`). Costs a compile per plan measured.
             When no plan measured fits, or the measurement fails, a
             :class:`~checkmate.runtime.BudgetWarning` says so. Off, the step may hold
-            0.8-1.04x the budget (measured on CPU). Not done under torch.distributed
-            (ranks would choose apart) nor for ``budget="min"``; a ``BudgetWarning`` says so.
+            0.8-1.04x the budget (measured on CPU). Not done for ``budget="min"``; a
+            ``BudgetWarning`` says so. Under torch.distributed each rank checks, and
+            replans, on its own.
 
     A training call that plans nothing (Dynamo captured no graph, e.g. ``nn.LSTM`` without
     ``torch._dynamo.config.allow_rnn = True``) runs eagerly with no memory bound and issues
@@ -427,10 +428,16 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         state.recompile = state.planner.recompile = False
         _compile_again(state)
     elif state.planner.budget.nbytes is not None and key in state.eager_keys and key not in state.stepped:
-        if rank_and_world()[1] > 1:  # ranks measuring apart could decide apart to plan again (a collective)
+        # the step measured whole (checkmate.stepcheck); under a profiler, at a later call. Each
+        # rank of a distributed job measures and plans again on its own: no rank waits for another
+        device = _device_of(self, args, kwargs)
+        if device.type == "cpu" and _distributed():
+            # the CPU's measurement is a profiler, and the collectives a backward launches carry its
+            # thread-local state to gloo's threads, which report to it after it stopped: a DDP loop
+            # on one rank died of heap corruption ("free(): invalid next size") in 2 runs of 6
             state.stepped.add(key)
-        else:  # the step measured whole (checkmate.stepcheck); under a profiler, at a later call
-            state.window = open_window(_device_of(self, args, kwargs))
+        else:
+            state.window = open_window(device)
             state.window_calls = _CALLS[0]
             if state.window is not None:
                 _OPEN.add(state)
@@ -532,6 +539,10 @@ def _compile_again(state: CheckmateState) -> None:
     )
     state.eager_keys.clear()
     state.outside_ddp.clear()
+    # every input signature is planned again, each step is measured again: a short batch measured
+    # within the budget, planned again after a longer one's step was measured over it, measured
+    # 1.16x the budget at every later call, silently
+    state.stepped.clear()
 
 
 def _grad_leaves(out: Any) -> Iterator[torch.Tensor]:
@@ -566,6 +577,12 @@ def _device_of(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any])
         if isinstance(x, torch.Tensor):
             return x.device
     return next(module.parameters(), torch.empty(0)).device
+
+
+def _distributed() -> bool:
+    """Whether a process group is initialized (any number of ranks)."""
+    dist = torch.distributed
+    return bool(dist.is_available() and dist.is_initialized())
 
 
 def _measure_until_backward(module: nn.Module, state: CheckmateState, key: tuple[Any, ...], out: Any) -> None:

@@ -1,14 +1,20 @@
-"""Planning under ``torch.distributed``: one plan for all ranks, and what DDP adds to a step.
+"""Planning under ``torch.distributed``: one plan shared by the ranks, and what DDP adds to a step.
 
-Ranks of a data-parallel job trace the same graph. Planning it on every rank wastes the
-time limit N times over, and a strategy that is not deterministic (a solver stopped by
-its time limit) could hand ranks different schedules. So rank 0 plans and broadcasts the
-plan document (the same JSON a plan file holds); every other rank rebuilds the schedule
-for its own graph, re-validates it with the simulator, and all ranks compare the plan's
-checksum before running it. Ranks may ask slightly different budgets (each measured its
-own memory): rank 0 plans for the smallest, so every rank's budget holds. Every rank must
-compile the same graphs in the same order (as DDP training does): the broadcast is a
-collective.
+Ranks of a data-parallel job trace the same graph, most of the time. Planning it on every
+rank wastes the time limit N times over on the host's cores, and a strategy that is not
+deterministic (a solver stopped by its time limit) would hand ranks different schedules. So
+the first rank to plan a graph at a budget publishes the plan document (the same JSON a
+plan file holds) in the process group's key-value store, and a rank that asks for the same
+plan later rebuilds the schedule for its own graph and re-validates it with the simulator
+(:func:`plan_once`).
+
+The ranks never meet in a collective while planning. Ranks do not compile in step: with
+dynamic padding each rank's batch has its own sequence length, so one rank compiles a shape
+while the other runs a shape it compiled before, and a collective there waits for a rank
+that never joins (measured: a ``PlanError`` at the first step where the shapes differed,
+where the next would have hung). Through the store a rank only ever waits for a plan that
+another rank is making, and each rank's plan fits its own budget: ranks asking different
+budgets (each measured its own memory) plan apart.
 
 DDP all-reduces gradients through buckets: a flat copy of the gradients that lives during
 the backward, outside the traced graph. :func:`ddp_reserve` is the bytes the planner must
@@ -26,17 +32,17 @@ others, and :func:`fsdp_reserve` is what FSDP2 holds beside a block's graph.
 from __future__ import annotations
 
 import hashlib
+import logging
 import pickle
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
 
-from checkmate.eager import real_tensors
 from solvers.api import closest_hint
-from solvers.errors import CheckmateError, PlanError, TraceError
+from solvers.errors import CheckmateError, TraceError
 from solvers.graph import Graph
 from solvers.plan import graph_fingerprint, plan_from_dict, plan_to_dict
 from solvers.result import SolveResult, Status
@@ -49,10 +55,11 @@ __all__ = [
     "fsdp_reserve",
     "check_fsdp_order",
     "plan_hash",
+    "plan_key",
     "plan_once",
-    "agreed_budget",
-    "agree_bytes",
 ]
+
+log = logging.getLogger("checkmate")
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -170,130 +177,103 @@ def plan_hash(graph: Graph, schedule: Schedule) -> str:
     return h.hexdigest()
 
 
-def plan_once(graph: Graph, budget_bytes: int, solve: Callable[[int], SolveResult]) -> SolveResult:
-    """``solve(bytes)`` on rank 0, its plan on every rank.
-
-    ``budget_bytes`` is this rank's budget for ``graph`` (``-1``: the least peak, asked of
-    every rank alike). Without a process group (or with one rank) this is
-    ``solve(budget_bytes)``. Otherwise the ranks first agree on the smallest of their
-    budgets; rank 0 solves at it and broadcasts the plan document (or its error); the other
-    ranks rebuild the schedule for ``graph``, re-validate it within that budget, and every
-    rank checks that all hold the same plan checksum.
-
-    Raises:
-        PlanError: a rank's graph differs from rank 0's, the ranks' plans differ, or some
-            ranks ask the least peak and others a number of bytes.
-        CheckmateError: rank 0 could not plan (its error, re-raised on every rank).
-    """
-    rank, world = rank_and_world()
-    if world == 1:
-        return solve(budget_bytes)
-    with _collectives():
-        return _plan_once(graph, budget_bytes, solve, rank, world)
+#: prefix of checkmate's keys in the process group's store
+KEY_PREFIX = "checkmate/plan/"
 
 
-@contextmanager
-def _collectives() -> Iterator[None]:
-    """Where the planner may call collectives from inside a compile.
-
-    The partitioner runs under AOTAutograd's fake mode and with the Python dispatcher on:
-    the collectives need real tensors, and must not hold the GIL while they queue work.
-    gloo's worker thread frees the last collective's tensors (which needs the GIL) while
-    holding its queue's lock; with the dispatcher on, the next collective waited for that
-    lock holding the GIL, and both ranks hung at the first plan in about one run in ten.
-    """
-    with real_tensors():
-        yield
-
-
-def agree_bytes(nbytes: int) -> int:
-    """The smallest of the ranks' byte budgets (``nbytes`` without a process group; ``-1``
-    when every rank asks the least peak, see :func:`agreed_budget`).
-
-    Ranks that measured their own memory ask slightly different budgets; every decision
-    the planner makes before it plans (reuse a plan of the graph's family, plan ahead) must
-    be the same on every rank, or one rank waits in a collective that the others skip.
-    Every rank must call this for the same graphs in the same order, as for
-    :func:`plan_once`.
-    """
-    _, world = rank_and_world()
-    if world == 1:
-        return nbytes
-    asked: list[Any] = [None] * world
-    with _collectives():
-        torch.distributed.all_gather_object(asked, int(nbytes))
-    return agreed_budget(asked)
-
-
-def agreed_budget(budgets: list[int]) -> int:
-    """The budget every rank plans for: the smallest asked, ``-1`` when all ask the least
-    peak.
-
-    Raises:
-        PlanError: some ranks ask the least peak and others a number of bytes.
-    """
-    least = [b < 0 for b in budgets]
-    if any(least) and not all(least):
-        asked = ", ".join(f"rank {r}: {'min' if b < 0 else f'{b:,} B'}" for r, b in enumerate(budgets))
-        raise PlanError(
-            f"ranks ask different kinds of budget for one graph ({asked}): pass every rank the same "
-            'budget ("min", a fraction, or bytes)'
-        )
-    return -1 if all(least) else min(budgets)
-
-
-def _plan_once(
-    graph: Graph, budget_bytes: int, solve: Callable[[int], SolveResult], rank: int, world: int
-) -> SolveResult:
+def _store() -> Any:
+    """The default process group's key-value store, None without a group of several ranks."""
     dist = torch.distributed
-    budget_bytes = agree_bytes(budget_bytes)  # raises on every rank alike: they all see the same list
-    message: list[Any] = [None]
-    result: SolveResult | None = None
-    if rank == 0:
-        try:
-            result = solve(budget_bytes)
-            if not result.ok or result.schedule is None:
-                message[0] = ("none", f"{result.status}{closest_hint(result)}")
-            else:
-                message[0] = ("plan", plan_to_dict(graph, result))
-        except CheckmateError as exc:
-            message[0] = ("error", _portable(exc))
-            dist.broadcast_object_list(message, src=0)
-            raise
-    dist.broadcast_object_list(message, src=0)
-    kind, payload = message[0]
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    return _get_default_store()
+
+
+def plan_key(graph: Graph, budget_bytes: int, scope: str = "") -> str:
+    """The store key of the plan of ``graph`` at ``budget_bytes`` (``-1``: the least peak)
+    made with the settings ``scope`` names (strategy, options, time limit, costs)."""
+    h = hashlib.sha256(graph_fingerprint(graph).encode())
+    h.update(f"|{budget_bytes}|{scope}".encode())
+    return KEY_PREFIX + h.hexdigest()[:40]
+
+
+def plan_once(
+    graph: Graph,
+    budget_bytes: int,
+    solve: Callable[[int], SolveResult],
+    *,
+    scope: str = "",
+    wait_s: float = 600.0,
+) -> SolveResult:
+    """``solve(budget_bytes)`` on the first rank that asks for this plan; its plan on every
+    other rank that asks for it.
+
+    Without a process group of several ranks this is ``solve(budget_bytes)``. Otherwise the
+    ranks meet in the process group's key-value store, never in a collective: the first to
+    ask claims the key of (``graph``, ``budget_bytes``, ``scope``), solves and publishes the
+    plan document (or its error); a rank asking later waits for it, at most ``wait_s``
+    seconds, rebuilds the schedule for its own ``graph`` and re-validates it within its own
+    budget. A rank that never asks (another input shape there, a step of a shape it
+    compiled before) waits for nothing, and a rank whose wait ends without a plan (the
+    claiming rank stopped), or whose graph the plan does not fit, solves alone.
+
+    Raises:
+        CheckmateError: the claiming rank's error (its type, re-raised on the ranks that
+            waited for it), or the claiming rank found no plan.
+    """
+    store = _store()
+    if store is None:
+        return solve(budget_bytes)
+    rank = torch.distributed.get_rank()
+    key = plan_key(graph, budget_bytes, scope)
+    if int(store.add(key + "/claim", 1)) == 1:
+        return _solve_and_publish(store, key, graph, budget_bytes, solve, rank)
+    log.info("another rank plans this graph at these bytes: waiting for its plan (%s)", key)
+    try:
+        store.wait([key], timedelta(seconds=wait_s))
+        kind, payload, by = pickle.loads(store.get(key))
+    except Exception as exc:  # the store's timeout, or a message that does not load
+        log.warning("no plan came from another rank within %.0f s (%s): planning here", wait_s, exc)
+        return solve(budget_bytes)
+    if kind == "gone":
+        return solve(budget_bytes)
     if kind == "error":
         if isinstance(payload, CheckmateError):
-            # the same type on every rank: callers that fall back on an InfeasibleBudgetError
-            # (a fraction too low) do so on every rank alike, and their collectives stay paired
-            payload.add_note("rank 0 planned this graph for every rank; this is its error")
+            # the same type on every rank: a fallback taken on an InfeasibleBudgetError (a
+            # fraction too low) is taken alike
+            payload.add_note(f"rank {by} planned this graph first; this is its error")
             raise payload
         name, text = payload
-        raise CheckmateError(f"rank 0 could not plan this graph ({name}): {text}")
+        raise CheckmateError(f"rank {by} could not plan this graph ({name}): {text}")
     if kind == "none":
-        if rank == 0:
-            assert result is not None
-            return result  # the caller reports it (SolverError with the closest plan)
-        raise CheckmateError(f"rank 0 found no plan for this graph within its budget ({payload})")
-    failed: str | None = None
-    if rank != 0:
-        try:
-            result = _rebuild(graph, payload, budget_bytes)
-        except CheckmateError as exc:  # still joins the gather below: no rank is left waiting
-            failed = f"{type(exc).__name__}: {exc}"
-    sums: list[Any] = [None] * world
-    mine = ("error", failed) if failed is not None else ("hash", plan_hash(graph, _schedule(result)))
-    dist.all_gather_object(sums, mine)
-    errors = [f"rank {r}: {text}" for r, (kind, text) in enumerate(sums) if kind == "error"]
-    if errors:
-        raise PlanError(f"rank 0's plan could not be used on every rank ({'; '.join(errors)})")
-    if len({text for _, text in sums}) != 1:
-        raise PlanError(
-            f"ranks hold different plans for one graph (checksums {sorted({t for _, t in sums})}): their "
-            "graphs differ; make every rank trace the same model with the same input shapes"
-        )
-    assert result is not None
-    return result
+        raise CheckmateError(f"rank {by} found no plan for this graph within its budget ({payload})")
+    try:
+        return _rebuild(graph, payload, budget_bytes, by)
+    except CheckmateError as exc:
+        log.warning("rank %d's plan does not fit this rank's graph (%s): planning here", by, exc)
+        return solve(budget_bytes)
+
+
+def _solve_and_publish(
+    store: Any, key: str, graph: Graph, budget_bytes: int, solve: Callable[[int], SolveResult], rank: int
+) -> SolveResult:
+    """``solve(budget_bytes)``, its plan (or error) published under ``key``, whatever happens:
+    other ranks may be waiting for it."""
+    message: tuple[str, Any, int] = ("gone", None, rank)
+    try:
+        result = solve(budget_bytes)
+        if not result.ok or result.schedule is None:
+            message = ("none", f"{result.status}{closest_hint(result)}", rank)
+        else:
+            message = ("plan", plan_to_dict(graph, result), rank)
+        return result
+    except CheckmateError as exc:
+        message = ("error", _portable(exc), rank)
+        raise
+    finally:
+        store.set(key, pickle.dumps(message))
 
 
 def _portable(exc: CheckmateError) -> CheckmateError | tuple[str, str]:
@@ -305,20 +285,15 @@ def _portable(exc: CheckmateError) -> CheckmateError | tuple[str, str]:
     return exc
 
 
-def _schedule(result: SolveResult | None) -> Schedule:
-    assert result is not None and result.schedule is not None
-    return result.schedule
-
-
-def _rebuild(graph: Graph, payload: dict[str, Any], budget_bytes: int) -> SolveResult:
-    """Rank 0's plan document as this rank's result for ``graph``, re-validated.
+def _rebuild(graph: Graph, payload: dict[str, Any], budget_bytes: int, by: int) -> SolveResult:
+    """Rank ``by``'s plan document as this rank's result for ``graph``, re-validated.
 
     Raises:
-        PlanError: rank 0 traced another graph.
+        PlanError: rank ``by`` traced another graph.
         ScheduleError: its schedule does not fit ``budget_bytes`` on this graph.
     """
-    plan = plan_from_dict(payload, graph)  # PlanError when rank 0 traced another graph
-    if budget_bytes < 0:  # the budget "min": rank 0's least peak
+    plan = plan_from_dict(payload, graph)  # PlanError where the graphs differ
+    if budget_bytes < 0:  # the budget "min": that rank's least peak
         budget_bytes = int(plan.doc["budget_bytes"])
     sim = validate(graph, plan.schedule, budget_bytes)
     doc = plan.doc
@@ -331,5 +306,5 @@ def _rebuild(graph: Graph, payload: dict[str, Any], budget_bytes: int) -> SolveR
         cost=sim.cost,
         peak=sim.peak,
         lower_bound=None if lower is None else float(lower),
-        info={**dict(doc.get("info") or {}), "cache": "rank 0"},
+        info={**dict(doc.get("info") or {}), "cache": f"rank {by}"},
     )

@@ -52,7 +52,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from checkmate.cache import cached_solve
 from checkmate.codegen import SplitModules, generate
 from checkmate.compiled import Calibration, CompileHalf
-from checkmate.distributed import agree_bytes, ddp_reserve, fsdp_reserve, plan_once
+from checkmate.distributed import ddp_reserve, fsdp_reserve, plan_once
 from checkmate.families import family_target, larger_shape_budget, plan_ahead, reuse
 from checkmate.records import HELD_TO, KEEPS_ALL, PlanRecord
 from checkmate.scratch import flush_scratch, prefetch_scratch, scratch_bytes
@@ -254,9 +254,6 @@ class Planner:
             graph of the step is planned with that much room beside it, and a step not
             measured yet with as much per byte of its outputs' gradients as the most any
             step measured.
-        agreed: under a byte budget, the bytes the ranks agreed on at the latest plan (the
-            smallest any rank asks, :func:`checkmate.distributed.agree_bytes`; the bytes
-            asked without a process group).
         more_follows: whether more of the step runs after the graph being compiled
             (:func:`ends_at_graph_break`, :func:`called_from_model_code`).
         unsettled: step signature -> the graphs of it planned above an infeasible fraction
@@ -303,7 +300,6 @@ class Planner:
     latest: dict[object, list[int]] = field(default_factory=dict, repr=False)
     outside: dict[object, int] = field(default_factory=dict, repr=False)
     more_follows: bool = field(default=False, repr=False)
-    agreed: int | None = field(default=None, repr=False)
     unsettled: dict[object, list[_Unsettled]] = field(default_factory=dict, repr=False)
     fallback: bool = field(default=True, repr=False)
     guessed: dict[object, tuple[str, dict[int, int]]] = field(default_factory=dict, repr=False)
@@ -347,7 +343,7 @@ class Planner:
         profile_id, rooms = guess
         needs = self._needs(profile_id)
         spare = max(room - sum(least for _, least in needs[k + 1 :]) for k, room in rooms.items())
-        asked = self.agreed if self.agreed is not None else self.budget.nbytes
+        asked = self.budget.nbytes
         if spare <= GUESS_SLACK * asked:
             return
         self.split[self.step] = needs
@@ -657,9 +653,7 @@ class Planner:
         bytes at a graph's forward/backward boundary), and the graphs after it the gradients
         their backwards left (``G``). Simulated, the step's peak is
         ``max_j(sum_{i<j} S_i + P_j + sum_{k>j} G_k)``, ``P`` a graph's own peak."""
-        # the bytes every rank agreed on (each asks its own, measured apart): the decision to
-        # compile again is a collective one, and ranks deciding apart hung one in a collective
-        asked = self.agreed if self.agreed is not None else self.budget.nbytes
+        asked = self.budget.nbytes
         assert asked is not None
         buckets = ddp_reserve()
         beside = buckets + fsdp_reserve()  # DDP's buckets, FSDP2's parameters: beside every graph
@@ -731,14 +725,9 @@ class Planner:
 
     def _unchecked_why(self) -> str | None:
         """Why plans cannot be checked compiled here (None when they can): not for the
-        least peak (no bytes to hold), nor across processes (each rank would measure, and
-        choose, alone)."""
-        from checkmate.distributed import rank_and_world
-
+        least peak (no bytes to hold)."""
         if self.budget.least:
             return "budget='min' has no bytes to check against"
-        if rank_and_world()[1] > 1:
-            return "under torch.distributed each rank would replan alone"
         return None
 
     def _can_check(self) -> bool:
@@ -1111,8 +1100,28 @@ class Planner:
         ref = keep_all_peak(graph)
         least = Budget(least=True, reference=ref)
         limit = min(self.time_limit or within, within)
-        res = plan_once(graph, -1, lambda _: self._cached(graph, least, profile_id, time_limit=limit))
+        solve = lambda _: self._cached(graph, least, profile_id, time_limit=limit)  # noqa: E731
+        res = self._shared(graph, -1, solve, profile_id, limit)
         return int(res.peak or ref) if res.ok else ref
+
+    def _shared(
+        self,
+        graph: Graph,
+        nbytes: int,
+        solve: Callable[[int], SolveResult],
+        profile_id: str,
+        time_limit: float | None = None,
+        boundary: int | None = None,
+    ) -> SolveResult:
+        """``solve(nbytes)``, or under torch.distributed the plan another rank made of
+        ``graph`` at ``nbytes`` (and ``boundary``) with these settings
+        (:func:`checkmate.distributed.plan_once`)."""
+        limit = time_limit or self.time_limit
+        options = sorted(self.options.items())
+        scope = f"{self.strategy}|{options!r}|{limit}|{profile_id}|{self.plan_path}|{boundary}"
+        # a rank waits for the plan another is making: its time limit, and building the model
+        wait = 4 * (limit or 30.0) + 120.0
+        return plan_once(graph, nbytes, solve, scope=scope, wait_s=wait)
 
     def _held_before(self) -> int:
         """Under a byte budget, the simulated bytes the graphs compiled earlier in this call
@@ -1137,9 +1146,6 @@ class Planner:
         ref = keep_all_peak(graph)  # what fractions refer to: simulated once per graph
         family = self.families.get(structure(graph), [])
         budget = self.budget
-        if budget.nbytes is not None:  # every rank decides below with the same bytes
-            budget = replace(budget, nbytes=agree_bytes(budget.nbytes))
-            self.agreed = budget.nbytes
         # DDP's gradient buckets, FSDP2's unsharded parameters: live beside the graph
         reserve = ddp_reserve() + fsdp_reserve() + earlier
         # bytes for the graph alone (a fraction without a family: resolved in _plan)
@@ -1159,9 +1165,8 @@ class Planner:
             if got is not None and holds(got[0]):
                 return got[0], None, got[1]
             if budget.nbytes is not None and bound is None:
-                # through plan_once: ranks must agree on whether it planned ahead (a collective follows)
-                solve = lambda g, b: plan_once(  # noqa: E731
-                    g, nbytes, lambda agreed: self._solved(g, Budget(nbytes=agreed), profile_id)
+                solve = lambda g, b: self._shared(  # noqa: E731
+                    g, b.resolve(0), lambda _: self._solved(g, b, profile_id), profile_id
                 )
                 ahead = plan_ahead(graph, ref, self.records, family, nbytes, solve)
                 if ahead is not None:
@@ -1174,9 +1179,9 @@ class Planner:
 
     def _solved(self, graph: Graph, budget: Budget, profile_id: str) -> SolveResult:
         """:meth:`_cached`'s plan, or the :class:`InfeasibleBudgetError` naming the budget that
-        has one. Raised where the solve runs: under torch.distributed rank 0 sends it whole to
-        every rank, so that all take the same fallback (a budget proven too small and one
-        whose schedule was not found in time alike)."""
+        has one. Raised where the solve runs: under torch.distributed the rank that planned
+        sends it whole to the ranks waiting for its plan, so that all take the same fallback
+        (a budget proven too small and one whose schedule was not found in time alike)."""
         res = self._cached(graph, budget, profile_id)
         if not res.ok or res.schedule is None:
             raise no_plan_error(graph, res, time_limit=self.time_limit)
@@ -1202,18 +1207,10 @@ class Planner:
         def run(budget: Budget) -> SolveResult:
             if budget.least:  # the least peak: nothing to reserve from
                 least = replace(budget, reference=ref)
-                return plan_once(graph, -1, lambda _: self._solved(graph, least, profile_id))
+                return self._shared(graph, -1, lambda _: self._solved(graph, least, profile_id), profile_id)
             b = budget.for_graph(ref, reserve if budget.fraction is not None else 0)
-            own = b.resolve(ref)
-
-            def at(agreed: int) -> Budget:  # the ranks agree on the smallest budget any of them asks
-                if agreed == own:
-                    return b
-                return Budget(
-                    nbytes=agreed, boundary=None if b.boundary is None else max(b.boundary - own + agreed, 0)
-                )
-
-            return plan_once(graph, own, lambda agreed: self._solved(graph, at(agreed), profile_id))
+            solve = lambda _: self._solved(graph, b, profile_id)  # noqa: E731
+            return self._shared(graph, b.resolve(ref), solve, profile_id, boundary=b.boundary)
 
         try:
             return run(target), None

@@ -75,7 +75,8 @@ def main() -> None:
         if rank == 0:
             print(f"step {k}: loss {loss.item():.4f}", flush=True)
     for rec in checkmate.plans_of(model):
-        source = "received from rank 0" if rec.result.info.get("cache") == "rank 0" else "planned here"
+        got = str(rec.result.info.get("cache", ""))
+        source = f"received from {got}" if got.startswith("rank ") else "planned here"
         print(f"rank {rank}: {rec.summary()} [{source}]", flush=True)
     diff = max((p - q).abs().max().item() for p, q in zip(eager.module.parameters(), model.parameters()))
     print(

@@ -3,9 +3,11 @@
 For a transformer with dropout and a CNN with BatchNorm: ``DDP(checkmate.optimize(m,
 budget))`` trains like ``DDP(m)`` (parameters after three AdamW steps equal bitwise: same
 ops, same all-reduce), each rank's measured step peak stays within 5% of the per-rank
-budget (DDP's gradient buckets included), rank 0 plans and rank 1 receives its plan, and
-both run the plan with the same hash. Ranks asking different budgets run the plan made for
-the smallest.
+budget (DDP's gradient buckets included), each graph is planned by one rank and received by
+the other through the process group's store, and both run the plan with the same hash.
+Ranks whose batches have their own sequence lengths (dynamic padding) compile different
+graphs at different steps, and train like eager DDP; ranks asking different budgets each
+run a plan within their own.
 """
 
 from __future__ import annotations
@@ -13,12 +15,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import os
 import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +71,10 @@ def _train(rank: int, kind: str, out: str) -> None:
     step(eager, 1)
     eager.zero_grad(set_to_none=True)
     eager_peak = measure_peak(lambda: step(eager, 1))
-    # each rank asks its own budget, as a job that measures its memory per rank does
-    budget = int(SHARE[kind] * eager_peak * (1 - 0.03 * rank))
+    # the ranks ask one budget: the smallest of those they measured
+    asked = torch.tensor([int(SHARE[kind] * eager_peak)])
+    torch.distributed.all_reduce(asked, torch.distributed.ReduceOp.MIN)
+    budget = int(asked.item())
 
     twin = DDP(copy.deepcopy(base))
     opt_model = checkmate.optimize(copy.deepcopy(base), budget, time_limit=5.0)
@@ -120,113 +122,155 @@ def test_ddp_around_an_optimized_model_trains_like_eager_ddp_within_the_budget(
         assert doc["buffer_diff"] == 0.0, f"rank {r}: buffers differ by {doc['buffer_diff']}"
         worst = max(doc["peaks"]) / doc["budget"]
         assert worst <= 1.05, f"rank {r}: measured peak {worst:.3f}x the budget"
-    assert all(c != "rank 0" for c in ranks[0]["cache"])
-    assert ranks[1]["cache"] == ["rank 0"] * len(ranks[1]["cache"]), "rank 1 planned on its own"
+    # each graph planned by one rank, the other running its plan
+    for k, pair in enumerate(zip(ranks[0]["cache"], ranks[1]["cache"])):
+        assert pair in (("", "rank 0"), ("rank 1", "")), f"graph {k}: {pair}"
     assert ranks[0]["hashes"] == ranks[1]["hashes"] and ranks[0]["hashes"]
-    least = min(doc["budget"] for doc in ranks)
-    assert ranks[0]["planned_at"] == ranks[1]["planned_at"] and max(ranks[0]["planned_at"]) <= least
+    assert (
+        ranks[0]["planned_at"] == ranks[1]["planned_at"] and max(ranks[0]["planned_at"]) <= ranks[0]["budget"]
+    )
 
 
-def _mismatch_worker(rank: int, port: int, out: str) -> None:
-    from checkmate.distributed import plan_once
+def _counted(graph: Any, calls: list[int]) -> Callable[[int], Any]:
+    """A solve of ``graph`` with the ILP that counts its calls in ``calls``."""
     from solvers import solve
     from solvers.budget import Budget
-    from solvers.errors import PlanError
-    from tests.graphs import chain
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    # a short timeout: a rank left waiting in a collective fails the test instead of hanging it
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=30))
-    graph = chain(6, mem=1 + rank)  # rank 1 traced another graph (other sizes)
-    try:
-        plan_once(graph, 10**6, lambda b: solve(graph, Budget(nbytes=b), "checkpoint-all"))
-        text = "no error"
-    except PlanError as exc:
-        text = str(exc)
-    finally:
-        torch.distributed.destroy_process_group()
-    Path(out, f"rank{rank}.txt").write_text(text)
+    def run(nbytes: int) -> Any:
+        calls.append(nbytes)
+        return solve(graph, Budget(nbytes=nbytes), "ilp")
+
+    return run
 
 
-def test_a_rank_that_cannot_use_rank_0s_plan_fails_every_rank_at_once(tmp_path: Path) -> None:
-    spawn(_mismatch_worker, (free_port(), str(tmp_path)), WORLD)
-    for r in range(WORLD):
-        text = (tmp_path / f"rank{r}.txt").read_text()
-        assert "rank 1: PlanError" in text and "fingerprint mismatch" in text, f"rank {r}: {text}"
-
-
-def _budgets_worker(rank: int, port: int, out: str) -> None:
+def _store_worker(rank: int, port: int, out: str) -> None:
+    """``plan_once`` as ranks out of step call it: graphs only one rank has, one graph both
+    ask for, a budget no schedule fits, and ranks asking different budgets."""
     from checkmate.distributed import plan_hash, plan_once
-    from solvers import solve
-    from solvers.budget import Budget
     from solvers.errors import InfeasibleBudgetError
     from tests.graphs import chain
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=30))
-    graph = chain(8, mem=10, training=True)
-    asked = ASKED[rank]
     doc: dict[str, Any] = {}
-    try:
-        res = plan_once(graph, asked, lambda b: solve(graph, Budget(nbytes=b), "ilp"))
+    with process_group(rank, port, WORLD):
+        # a graph of this rank's own (its batch's length): planned here, nobody waits; rank 0
+        # plans two while rank 1 plans one, then both ask for the same graph
+        own = [chain(6 + rank + 2 * k, mem=10, training=True) for k in range(2 - rank)]
+        calls: list[int] = []
+        for graph in own:
+            plan_once(graph, 1000, _counted(graph, calls))
+        doc["own"] = len(calls)
+        shared = chain(8, mem=10, training=True)
+        calls = []
+        res = plan_once(shared, 100, _counted(shared, calls))
         assert res.schedule is not None
-        doc.update(budget=res.budget, peak=res.peak, hash=plan_hash(graph, res.schedule))
-        try:  # rank 0 asks a budget no schedule fits: every rank sees the same error type
-            plan_once(graph, 10 if rank == 0 else 1000, lambda b: solve(graph, Budget(nbytes=b), "ilp"))
+        doc.update(
+            shared_calls=len(calls), hash=plan_hash(shared, res.schedule), cache=res.info.get("cache", "")
+        )
+        # a budget no schedule fits: the rank that plans it raises, the other gets its error
+        torch.distributed.barrier()  # both ask for it after rank 0 planned it
+        calls = []
+        if rank == 1:
+            torch.distributed.barrier()
+        try:
+            plan_once(shared, 10, _counted(shared, calls))
             doc["error"] = "none"
         except InfeasibleBudgetError as exc:
             doc["error"] = f"InfeasibleBudgetError {exc.budget} {exc.lower_bound}"
-    finally:
-        torch.distributed.destroy_process_group()
+        if rank == 0:
+            torch.distributed.barrier()
+        doc["error_calls"] = len(calls)
+        # ranks asking different budgets: each plans its own
+        calls = []
+        res = plan_once(shared, ASKED[rank], _counted(shared, calls))
+        doc.update(asked_calls=len(calls), asked_peak=res.peak, asked_budget=res.budget)
     Path(out, f"rank{rank}.json").write_text(json.dumps(doc))
 
 
 #: the two ranks' budgets for an 8-layer training chain of 10-byte tensors: apart by more
-#: than one tensor, so rank 0's own plan would not fit rank 1's budget
+#: than one tensor, so rank 0's plan would not fit rank 1's budget
 ASKED = (90, 60)
 
 
-def test_ranks_asking_different_budgets_all_run_the_plan_for_the_smallest(tmp_path: Path) -> None:
+def test_ranks_out_of_step_share_plans_through_the_store_and_never_wait_for_each_other(
+    tmp_path: Path,
+) -> None:
+    # collectives while planning needed every rank to compile the same graphs in the same
+    # order: ranks with their own sequence lengths failed with a PlanError at the first step
+    # where the shapes differed, and a rank compiling a shape the other had compiled before
+    # would have waited for it in a collective it never joined
     from solvers import solve
     from solvers.budget import Budget
     from tests.graphs import chain
 
     graph = chain(8, mem=10, training=True)
-    own = [solve(graph, Budget(nbytes=b), "ilp") for b in ASKED]
-    assert own[0].peak > ASKED[1], "the budgets are too close: rank 0's own plan would fit rank 1's"
-    spawn(_budgets_worker, (free_port(), str(tmp_path)), WORLD)
+    assert solve(graph, Budget(nbytes=ASKED[0]), "ilp").peak > ASKED[1], (
+        "rank 0's plan would fit rank 1's budget"
+    )
+    spawn(_store_worker, (free_port(), str(tmp_path)), WORLD, deadline=120.0)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
-    for r, doc in enumerate(ranks):
-        assert doc["budget"] == min(ASKED) and doc["peak"] <= min(ASKED), f"rank {r}: {doc}"
-        assert doc["error"].startswith("InfeasibleBudgetError 10 "), f"rank {r}: {doc['error']}"
+    assert [doc["own"] for doc in ranks] == [2, 1]  # each rank planned its own graphs
+    assert sorted(doc["shared_calls"] for doc in ranks) == [0, 1]  # the shared one: planned once
     assert ranks[0]["hash"] == ranks[1]["hash"]
+    receiver = 0 if ranks[0]["shared_calls"] == 0 else 1
+    assert ranks[receiver]["cache"] == f"rank {1 - receiver}"
+    for r, doc in enumerate(ranks):
+        assert doc["error"].startswith("InfeasibleBudgetError 10 "), f"rank {r}: {doc['error']}"
+        assert doc["asked_calls"] == 1 and doc["asked_budget"] == ASKED[r] and doc["asked_peak"] <= ASKED[r]
+    assert [doc["error_calls"] for doc in ranks] == [1, 0]  # rank 1 got rank 0's error, unsolved
 
 
-def test_the_agreed_budget_is_the_smallest_and_min_must_be_asked_by_all() -> None:
-    from checkmate.distributed import agreed_budget
-    from solvers.errors import PlanError
+def _padded_worker(rank: int, port: int, out: str) -> None:
+    """A transformer under DDP whose batches have each rank's own sequence length at each step
+    (dynamic padding), beside eager DDP on the same batches."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    assert agreed_budget([100, 96, 104]) == 96
-    assert agreed_budget([-1, -1]) == -1
-    with pytest.raises(PlanError, match=r"rank 0: min, rank 1: 100 B"):
-        agreed_budget([-1, 100])
+    import checkmate
+    from checkmate.memory import measure_peak
+    from tests.integration._models import TinyTransformer
+
+    with process_group(rank, port, WORLD):
+        torch.manual_seed(0)
+        base = TinyTransformer(vocab=64, d=64, layers=2, p=0.0).train()
+        eager = DDP(copy.deepcopy(base))
+        x0 = torch.randint(0, 64, (8, max(max(s) for s in LENGTHS)))
+        budget = int(0.8 * measure_peak(lambda: eager(x0).float().pow(2).mean().backward()))
+        opt = checkmate.optimize(copy.deepcopy(base), budget, time_limit=5.0)
+        planned = DDP(opt)
+        diffs: list[float] = []
+        peaks: list[int] = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for k, length in enumerate(LENGTHS[rank]):
+                x = torch.randint(0, 64, (8, length), generator=torch.Generator().manual_seed(10 * k + rank))
+                for m in (eager, planned):
+                    m.zero_grad(set_to_none=True)
+                eager(x).float().pow(2).mean().backward()
+                peaks.append(measure_peak(lambda x=x: planned(x).float().pow(2).mean().backward()))  # type: ignore[misc]
+                diffs.append(
+                    max(
+                        (p.grad - q.grad).abs().max().item()
+                        for p, q in zip(eager.module.parameters(), opt.parameters())
+                    )
+                )
+        doc = {"budget": budget, "peaks": peaks, "diffs": diffs, "plans": len(checkmate.plans_of(opt))}
+        Path(out, f"rank{rank}.json").write_text(json.dumps(doc))
 
 
-def test_the_planners_collectives_run_without_fake_mode_or_the_python_dispatcher() -> None:
-    # the partitioner runs inside both; a collective queued with the Python dispatcher on
-    # holds the GIL while it waits for gloo's queue lock, whose holder waits for the GIL
-    from torch._dispatch.python import enable_python_dispatcher
-    from torch._subclasses.fake_tensor import FakeTensorMode
+#: each rank's sequence lengths, step by step: different at the first step; at the third,
+#: rank 0 runs a length it compiled before while rank 1 compiles a new one
+LENGTHS = ((32, 40, 32, 24), (40, 32, 48, 24))
 
-    from checkmate.distributed import _collectives
 
-    key = torch._C.DispatchKey.PythonDispatcher
-    with FakeTensorMode(), enable_python_dispatcher():
-        assert torch._C._dispatch_tls_is_dispatch_key_included(key)
-        with _collectives():
-            assert not torch._C._dispatch_tls_is_dispatch_key_included(key)
-            assert type(torch.zeros(1)) is torch.Tensor
-        assert torch._C._dispatch_tls_is_dispatch_key_included(key)
+def test_ranks_with_their_own_sequence_lengths_train_like_eager_ddp_within_the_budget(tmp_path: Path) -> None:
+    spawn(_padded_worker, (free_port(), str(tmp_path)), WORLD, deadline=240.0)
+    for r in range(WORLD):
+        doc = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert doc["diffs"] == [0.0] * len(LENGTHS[r]), (
+            f"rank {r}: gradients differ from eager DDP: {doc['diffs']}"
+        )
+        assert doc["plans"] >= len(set(LENGTHS[r])), f"rank {r}: {doc['plans']} plans"
+        worst = max(doc["peaks"]) / doc["budget"]
+        assert worst <= 1.05, f"rank {r}: measured peak {worst:.3f}x the budget"
 
 
 @contextlib.contextmanager
@@ -299,14 +343,14 @@ def _apart_worker(rank: int, port: int, out: str) -> None:
         Path(out, f"rank{rank}.json").write_text(json.dumps({"plans": len(checkmate.plans_of(opt))}))
 
 
-def test_ranks_asking_different_byte_budgets_decide_alike_to_plan_a_split_step_again(tmp_path: Path) -> None:
-    # whether the step's graphs together exceed the budget (and are compiled again, through
-    # collectives) was decided on each rank's own bytes: the rank asking less planned again
-    # and waited in a collective the other never joined (with these budgets both ranks hung
-    # until killed). Decided on the bytes the ranks agreed on, both finish alike
+def test_ranks_asking_different_byte_budgets_decide_apart_to_plan_a_split_step_again(tmp_path: Path) -> None:
+    # whether the step's graphs together exceed the budget (and are compiled again) is each
+    # rank's own decision, on its own bytes: the rank asking less plans the split again while
+    # the other does not, and neither waits for the other (through collectives, with these
+    # budgets, both ranks hung until killed)
     spawn(_apart_worker, (free_port(), str(tmp_path)), WORLD, deadline=150.0)
     plans = [json.loads((tmp_path / f"rank{r}.json").read_text())["plans"] for r in range(WORLD)]
-    assert plans[0] == plans[1] == 4, plans  # the split's two graphs, planned again together
+    assert plans == [4, 2], plans  # the split's two graphs, planned again on rank 0 only
 
 
 @pytest.mark.parametrize("example", [False, True], ids=["planned-inside-ddp", "example-inputs"])

@@ -6,7 +6,7 @@ sharded block). A two-block transformer with dropout, each block given half a pe
 step budget of 0.75 of eager FSDP2's measured step peak, trains like eager FSDP2
 (parameters after three AdamW steps bitwise equal: same ops, same reduce-scatters), each
 rank's measured step peak stays within 5% of the step budget, each block graph is planned
-once (rank 1 receives rank 0's plans) with the same hashes on both ranks, and FSDP2's
+once (by one rank, the other receives it) with the same hashes on both ranks, and FSDP2's
 unsharded parameters are reserved out of each block's budget. The other two orders
 (``optimize`` the whole model then shard its blocks; shard then ``optimize``) raise a
 TraceError naming the order to use.
@@ -142,8 +142,10 @@ def test_fsdp2_per_block_plans_train_like_eager_fsdp2_within_the_budget(tmp_path
         assert worst <= 1.05, f"rank {r}: measured step peak {worst:.3f}x the budget"
         # each block is planned at its share less what FSDP2 holds unsharded beside it
         assert doc["planned_at"] == [doc["block_budget"] - doc["expected_reserve"]] * 2
-    assert all(c != "rank 0" for c in ranks[0]["cache"])
-    assert ranks[1]["cache"] == ["rank 0", "rank 0"], "rank 1 planned on its own"
+    # the two blocks' graphs are one graph at one budget: planned once, by one rank, and received
+    # through the process group's store by the other rank and for the other block
+    made = ranks[0]["cache"] + ranks[1]["cache"]
+    assert made.count("") == 1 and all(c in ("", "rank 0", "rank 1") for c in made), made
     assert ranks[0]["hashes"] == ranks[1]["hashes"] and len(ranks[0]["hashes"]) == 2
 
 

@@ -94,6 +94,38 @@ def test_a_loss_outside_the_module_that_no_plan_leaves_room_for_warns_once() -> 
     assert len(plans_of(opt)) == 2  # planned again once, with the room it could leave
 
 
+def test_every_shape_is_measured_again_after_the_module_is_compiled_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a step compiled again (another shape measured over the budget) plans every shape anew: a
+    # shape measured within the budget before is measured again, with the plan it now runs
+    # (under DDP a short batch measured within it, planned again, ran 1.16x it unmeasured)
+    vocab = 8192
+    x, y = _batch(vocab)
+    model = _head_model(vocab)
+    budget = int(0.7 * measure_peak(lambda: _step(copy.deepcopy(model), x, y)))
+    opt = checkmate.optimize(model, budget, time_limit=5)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0)  # its step closes the measurement
+    short, long = (x[:96], y[:96]), (x, y)
+    events: list[str] = []
+    with caplog.at_level("INFO", logger="checkmate"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for batch in [short] * 3 + [long] * 4 + [short] * 3:
+            caplog.clear()
+            _step(opt, *batch)
+            sgd.step()
+            sgd.zero_grad()
+            said = " ".join(r.getMessage() for r in caplog.records)
+            if "the training step measured" in said:
+                events.append(f"{len(batch[0])} measured {'over' if 'over its budget' in said else 'within'}")
+            if "compiling it again" in said:
+                events.append("compiled again")
+    # the short batch within; the long one over, compiled again, within; the short one again
+    assert events == [
+        "96 measured within", "256 measured over", "compiled again", "256 measured within", "96 measured within",
+    ], events  # fmt: skip
+
+
 def test_modules_optimized_apart_are_not_measured_as_each_others_outside() -> None:
     # two blocks optimized apart, each with its own budget (as FSDP2 wants): the first
     # block's step contains the second's, which is no memory outside the first
