@@ -373,6 +373,7 @@ def plans_of(module: nn.Module) -> list[PlanRecord]:
     )
 
 
+@torch._dynamo.disable  # bookkeeping: run as written under an outer torch.compile
 def _warn_if_backpropagated(module: nn.Module, state: CheckmateState, out: Any) -> None:
     """An :class:`UnplannedWarning`, once, when a backward runs through ``out``, the output of
     a step run in ``eval()`` mode with gradients enabled: only training-mode steps are planned,
@@ -401,10 +402,21 @@ def _warn_if_backpropagated(module: nn.Module, state: CheckmateState, out: Any) 
 def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     state: CheckmateState = self.__dict__[_STATE]
     if not (self.training and torch.is_grad_enabled()):
-        out = state.eager(*args, **kwargs)
+        out = state.eager(*args, **kwargs)  # an outer torch.compile compiles it
         if torch.is_grad_enabled() and not state.warned_eval:
             _warn_if_backpropagated(self, state, out)
         return out
+    return _training_call(self, state, args, kwargs)
+
+
+# torch.compile(optimized) traces the frames _forward calls (its disable is not recursive, so that
+# the eager path of an optimized module stays compilable): a training call's bookkeeping must run
+# as written (traced, its weak references came back as the objects they referred to, and the
+# second call raised a TypeError), and the planned step must not be inlined into the outer graph
+@torch._dynamo.disable
+def _training_call(
+    self: nn.Module, state: CheckmateState, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     key = _signature(args, kwargs)
     for st in list(_OPEN):  # measured steps: over, never backpropagated, or this call is inside
         _close_window(st)

@@ -75,10 +75,11 @@ def test_torch_compile_of_an_optimized_module_plans() -> None:
     x = torch.randn(256, 32)
     opt = checkmate.optimize(_mlp(), 0.6, time_limit=TIME_LIMIT)
     compiled = torch.compile(opt)
-    got = _step(compiled, x)
+    for _ in range(3):  # the second call raised a TypeError: its bookkeeping had been traced
+        got = _step(compiled, x)
+        assert all(torch.equal(a, b) for a, b in zip(_eager_grads(x), got))
     plans = checkmate.plans_of(opt)
     assert len(plans) == 1 and plans[0].recomputes > 0
-    assert all(torch.equal(a, b) for a, b in zip(_eager_grads(x), got))
     # the wrappers a training script puts around the optimized module are looked through
     for wrapped in (compiled, torch.nn.DataParallel(opt), torch.compile(torch.nn.DataParallel(opt))):
         assert checkmate.plans_of(wrapped) == plans
