@@ -84,6 +84,8 @@ class CheckmateState:
         pending: the planned calls whose backward has not run yet, while their graphs live
             (:func:`_track_pending`).
         warned_reentry: a call started while an earlier one was pending, and a warning said so.
+        warned_checkpointing: the module had Hugging Face gradient checkpointing on at a
+            compile, and a warning said so.
         outside_ddp: input signatures compiled outside a DDP forward (planned without DDP's
             gradient buckets): run inside one, the step is compiled and planned again.
         settings: the arguments of the :func:`optimize` call (its budget among them).
@@ -108,6 +110,7 @@ class CheckmateState:
     pending: list[weakref.ref[_Pending]] = field(default_factory=list)
     outside_ddp: set[tuple[Any, ...]] = field(default_factory=set)
     warned_reentry: bool = False
+    warned_checkpointing: bool = False
     window: StepWindow | None = None
     window_key: tuple[Any, ...] | None = None
     window_calls: int = 0
@@ -373,6 +376,27 @@ def plans_of(module: nn.Module) -> list[PlanRecord]:
     )
 
 
+def _warn_if_checkpointing(module: nn.Module, state: CheckmateState) -> None:
+    """A :class:`BudgetWarning`, once, when Hugging Face gradient checkpointing is on in
+    ``module`` (its submodules' ``gradient_checkpointing`` flag, which
+    ``gradient_checkpointing_enable()`` and the ``Trainer``'s ``gradient_checkpointing=True``
+    set): each checkpointed layer is a graph break, so the step is planned as many graphs, and
+    the recomputation checkmate plans comes on top of the layers' own."""
+    on = next((m for m in module.modules() if getattr(m, "gradient_checkpointing", False) is True), None)
+    if on is None:
+        return
+    state.warned_checkpointing = True
+    warnings.warn(
+        f"{type(module).__name__} has Hugging Face gradient checkpointing on (in {type(on).__name__}): "
+        "torch.compile splits the step at every checkpointed layer, so checkmate plans each piece "
+        "apart, the pieces together may exceed the budget, and every layer is recomputed besides "
+        "what the plan recomputes. checkmate chooses what to recompute itself: call "
+        "model.gradient_checkpointing_disable() (with the Trainer, leave gradient_checkpointing off)",
+        BudgetWarning,
+        stacklevel=_caller_level(),
+    )
+
+
 @torch._dynamo.disable  # bookkeeping: run as written under an outer torch.compile
 def _warn_if_backpropagated(module: nn.Module, state: CheckmateState, out: Any) -> None:
     """An :class:`UnplannedWarning`, once, when a backward runs through ``out``, the output of
@@ -428,6 +452,8 @@ def _training_call(
         _compile_again(state)
     if key not in state.eager_keys:  # a new input signature (not every step: a module walk)
         check_fsdp_order(self)  # FSDP2: a sharded submodule would run outside the plan
+        if not state.warned_checkpointing:
+            _warn_if_checkpointing(self, state)
         if active_ddp_module() is None:
             state.outside_ddp.add(key)
     elif state.eager_keys[key]:

@@ -379,6 +379,36 @@ def test_a_hugging_face_loss_split_off_by_a_graph_break_shares_a_byte_budget() -
     assert peak <= budget, f"the short batch's first step: {peak / budget:.3f}x the budget"
 
 
+def test_hugging_face_gradient_checkpointing_turned_on_after_optimize_warns_once() -> None:
+    # as the Trainer's gradient_checkpointing=True turns it on, after the model was optimized:
+    # each checkpointed layer is a graph break (GPT-2 at 0.6 of eager's peak: 3 graphs, 1.18x
+    # the budget, with only the graph breaks' warning to say so)
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=64,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ref = transformers.GPT2LMHeadModel(config).train()
+    model = copy.deepcopy(ref)
+    opt = checkmate.optimize(model, 0.8, time_limit=5)
+    model.gradient_checkpointing_enable()
+    ids = torch.randint(0, 1000, (4, 64), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            model.zero_grad(set_to_none=True)
+            opt(input_ids=ids, labels=ids).loss.backward()
+    said = [str(w.message) for w in caught if "gradient checkpointing" in str(w.message)]
+    assert len(said) == 1 and "gradient_checkpointing_disable()" in said[0], said
+    assert all(
+        issubclass(w.category, BudgetWarning) for w in caught if "gradient checkpointing" in str(w.message)
+    )
+    ref(input_ids=ids, labels=ids).loss.backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+
+
 class LossThenBreak(BodyThenLoss):
     """The whole step in one graph, then a graph break before the return (logging, a
     data-dependent check): the step goes on after the graph, with nothing to backpropagate."""
