@@ -45,7 +45,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from checkmate.distributed import active_ddp_module, check_fsdp_order
 from checkmate.runtime import COMPILERS, UNCHECKED, BudgetWarning, Planner, PlanRecord, log
 from checkmate.stepcheck import StepWindow, abort_windows, open_window
-from solvers.budget import BudgetSpec, parse_budget
+from solvers.budget import BudgetSpec, format_bytes, parse_budget
 from solvers.errors import CheckmateError, TraceError
 from solvers.strategies import check_options
 
@@ -84,6 +84,8 @@ class CheckmateState:
         pending: the planned calls whose backward has not run yet, while their graphs live
             (:func:`_track_pending`).
         warned_reentry: a call started while an earlier one was pending, and a warning said so.
+        warned_unmeasured: a step that cannot be measured whole had large outputs, and a
+            warning said so (:func:`_warn_unmeasured`).
         warned_checkpointing: the module had Hugging Face gradient checkpointing on at a
             compile, and a warning said so.
         outside_ddp: input signatures compiled outside a DDP forward (planned without DDP's
@@ -110,6 +112,7 @@ class CheckmateState:
     pending: list[weakref.ref[_Pending]] = field(default_factory=list)
     outside_ddp: set[tuple[Any, ...]] = field(default_factory=set)
     warned_reentry: bool = False
+    warned_unmeasured: bool = False
     warned_checkpointing: bool = False
     window: StepWindow | None = None
     window_key: tuple[Any, ...] | None = None
@@ -460,6 +463,7 @@ def _training_call(
         out = state.eager(*args, **kwargs)
         _track_pending(state, out)
         return out
+    unmeasured = False  # a step that cannot be measured whole (below), warned of once
     if state.recompile or state.planner.recompile:
         # a step measured whole exceeded the budget (room for what is outside), or a backward
         # was given gradients its plan counted as no bytes
@@ -474,6 +478,7 @@ def _training_call(
             # thread-local state to gloo's threads, which report to it after it stopped: a DDP loop
             # on one rank died of heap corruption ("free(): invalid next size") in 2 runs of 6
             state.stepped.add(key)
+            unmeasured = not state.warned_unmeasured
         else:
             state.window = open_window(device)
             state.window_calls = _CALLS[0]
@@ -505,6 +510,8 @@ def _training_call(
         _close_window(state)
     if state.window is not None:
         _measure_until_backward(self, state, key, out)
+    if unmeasured:
+        _warn_unmeasured(self, state, out)
     if state.planner.replan_pending:  # its graphs (graph breaks) exceeded the budget together
         state.planner.replan_pending = False
         _compile_again(state)
@@ -615,6 +622,32 @@ def _device_of(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any])
         if isinstance(x, torch.Tensor):
             return x.device
     return next(module.parameters(), torch.empty(0)).device
+
+
+def _warn_unmeasured(module: nn.Module, state: CheckmateState, out: Any) -> None:
+    """A :class:`BudgetWarning`, once, where a step cannot be measured whole (the CPU under
+    torch.distributed) and a loss computed on the module's outputs outside it could take a
+    large share of the byte budget (three times their bytes: an HF GPT-2's cross-entropy
+    with label smoothing held 2.86 times its logits)."""
+    nbytes = state.planner.budget.nbytes
+    outputs = sum(t.numel() * t.element_size() for t in _grad_leaves(out) if t.numel() > 1)
+    if nbytes is None or 3 * outputs <= UNMEASURED_SHARE * nbytes:
+        return
+    state.warned_unmeasured = True
+    warnings.warn(
+        f"{type(module).__name__}'s training step is not measured whole on the CPU under torch.distributed "
+        f"(its measurement, a profiler, is unsafe beside gloo's threads), so memory held outside the module "
+        f"between its forward and backward is not counted: a loss computed on its "
+        f"{format_bytes(outputs)} of outputs can hold about three times that beside the plan. Compute the "
+        "loss inside the optimized module's forward (it is then planned with the step), or leave that much "
+        "of the budget free",
+        BudgetWarning,
+        stacklevel=_caller_level(),
+    )
+
+
+#: a share of the byte budget above which a loss outside an unmeasured step is warned of
+UNMEASURED_SHARE = 0.2
 
 
 def _distributed() -> bool:

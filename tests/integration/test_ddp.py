@@ -273,6 +273,57 @@ def test_ranks_with_their_own_sequence_lengths_train_like_eager_ddp_within_the_b
         assert worst <= 1.05, f"rank {r}: measured peak {worst:.3f}x the budget"
 
 
+def _outside_worker(rank: int, port: int, out: str, share: float) -> None:
+    """An MLP ending in an 8192-way head whose loss (label smoothing, a z-loss) is computed
+    outside the module, under DDP at ``share`` of eager DDP's peak, in bytes."""
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import checkmate
+    from checkmate.memory import measure_peak
+    from checkmate.runtime import BudgetWarning
+
+    with process_group(rank, port, WORLD):
+        torch.manual_seed(0)
+        base = nn.Sequential(
+            nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256), nn.GELU(),
+            nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256), nn.Linear(256, 8192),
+        )  # fmt: skip
+        g = torch.Generator().manual_seed(rank)
+        x, y = torch.randn(256, 256, generator=g), torch.randint(0, 8192, (256,), generator=g)
+
+        def step(m: nn.Module) -> None:
+            m.zero_grad(set_to_none=True)
+            logits = m(x)
+            loss = nn.functional.cross_entropy(logits, y, label_smoothing=0.1)
+            (loss + 1e-4 * logits.logsumexp(-1).pow(2).mean()).backward()
+
+        eager = DDP(copy.deepcopy(base))
+        step(eager)
+        budget = int(share * measure_peak(lambda: step(eager)))
+        planned = DDP(checkmate.optimize(copy.deepcopy(base), budget, time_limit=5.0))
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always", BudgetWarning)
+            step(planned)  # plans
+            peak = max(measure_peak(lambda: step(planned)) for _ in range(3))
+            step(planned)  # the first calls ran inside measure_peak's profiler
+        said = [str(w.message) for w in got if issubclass(w.category, BudgetWarning)]
+        Path(out, f"rank{rank}.json").write_text(
+            json.dumps({"budget": budget, "peak": peak, "warnings": said})
+        )
+
+
+def test_a_large_output_of_a_step_not_measured_whole_under_ddp_on_the_cpu_warns_once(tmp_path: Path) -> None:
+    # on the CPU under torch.distributed the step is not measured whole (its profiler beside
+    # gloo's threads corrupted the heap), so a loss outside the module goes uncounted: the
+    # 8192-way head's loss took this step to 1.25x a budget of 0.8 of eager DDP's peak, silently
+    spawn(_outside_worker, (free_port(), str(tmp_path), 0.8), WORLD)
+    for r in range(WORLD):
+        doc = json.loads((tmp_path / f"rank{r}.json").read_text())
+        said = [w for w in doc["warnings"] if "not measured whole on the CPU under torch.distributed" in w]
+        assert len(said) == 1 and "8.00 MiB of outputs" in said[0], f"rank {r}: {doc['warnings']}"
+
+
 @contextlib.contextmanager
 def _split_mlp(
     rank: int, port: int
