@@ -16,6 +16,7 @@ import math
 import re
 import warnings
 import weakref
+from typing import Any
 
 import pytest
 
@@ -316,19 +317,24 @@ def test_graphs_of_one_step_share_a_byte_budget_or_warn_with_the_estimate() -> N
         low(x).sum().backward()  # once per module
 
 
+def _gpt2(width: int, vocab: int, positions: int) -> tuple[Any, Any]:
+    """A 2-layer Hugging Face GPT-2 without dropout in training mode, and a copy of it."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=width, n_head=4, vocab_size=vocab, n_positions=positions,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ref = transformers.GPT2LMHeadModel(config).train()
+    return ref, copy.deepcopy(ref)
+
+
 def test_a_hugging_face_loss_split_off_by_a_graph_break_shares_a_byte_budget() -> None:
     # transformers computes the loss of labels= in a graph of its own: the model's graph
     # holds its saved activations while the loss graph runs (1.13x the budget measured when
     # each graph was planned at the whole budget; 1.34x at the first call, when the model's
     # graph was planned before the loss graph was known, without a guess at its room)
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=128, n_head=4, vocab_size=2000, n_positions=128,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    ref = transformers.GPT2LMHeadModel(config).train()
-    model = copy.deepcopy(ref)
+    ref, model = _gpt2(width=128, vocab=2000, positions=128)
     ids = torch.randint(0, 2000, (8, 128), generator=torch.Generator().manual_seed(0))
     budget = int(0.7 * measure_peak(lambda: ref(input_ids=ids, labels=ids).loss.backward()))
     opt = checkmate.optimize(model, budget, time_limit=5)
@@ -383,14 +389,7 @@ def test_hugging_face_gradient_checkpointing_turned_on_after_optimize_warns_once
     # as the Trainer's gradient_checkpointing=True turns it on, after the model was optimized:
     # each checkpointed layer is a graph break (GPT-2 at 0.6 of eager's peak: 3 graphs, 1.18x
     # the budget, with only the graph breaks' warning to say so)
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=64,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    ref = transformers.GPT2LMHeadModel(config).train()
-    model = copy.deepcopy(ref)
+    ref, model = _gpt2(width=64, vocab=1000, positions=64)
     opt = checkmate.optimize(model, 0.8, time_limit=5)
     model.gradient_checkpointing_enable()
     ids = torch.randint(0, 1000, (4, 64), generator=torch.Generator().manual_seed(0))
