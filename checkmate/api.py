@@ -628,10 +628,14 @@ def _warn_unmeasured(module: nn.Module, state: CheckmateState, out: Any) -> None
     """A :class:`BudgetWarning`, once, where a step cannot be measured whole (the CPU under
     torch.distributed) and a loss computed on the module's outputs outside it could take a
     large share of the byte budget (three times their bytes: an HF GPT-2's cross-entropy
-    with label smoothing held 2.86 times its logits)."""
+    with label smoothing held 2.86 times its logits); not where the module returns a scalar
+    beside them (its own loss)."""
     nbytes = state.planner.budget.nbytes
-    outputs = sum(t.numel() * t.element_size() for t in _grad_leaves(out) if t.numel() > 1)
-    if nbytes is None or 3 * outputs <= UNMEASURED_SHARE * nbytes:
+    leaves = list(_grad_leaves(out))
+    if nbytes is None or any(t.numel() == 1 for t in leaves):
+        return  # the module computes its loss (a Hugging Face model given labels=)
+    outputs = sum(t.numel() * t.element_size() for t in leaves)
+    if 3 * outputs <= UNMEASURED_SHARE * nbytes:
         return
     state.warned_unmeasured = True
     warnings.warn(

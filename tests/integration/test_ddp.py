@@ -273,9 +273,28 @@ def test_ranks_with_their_own_sequence_lengths_train_like_eager_ddp_within_the_b
         assert worst <= 1.05, f"rank {r}: measured peak {worst:.3f}x the budget"
 
 
-def _outside_worker(rank: int, port: int, out: str, share: float) -> None:
+class _WithLoss(torch.nn.Module):
+    """``body`` and its loss (label smoothing, a z-loss), returned beside the logits, as a
+    Hugging Face model given ``labels=`` does."""
+
+    def __init__(self, body: torch.nn.Module) -> None:
+        super().__init__()
+        self.body = body
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.body(x)
+        return _head_loss(logits, y), logits
+
+
+def _head_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    loss = torch.nn.functional.cross_entropy(logits, y, label_smoothing=0.1)
+    return loss + 1e-4 * logits.logsumexp(-1).pow(2).mean()
+
+
+def _outside_worker(rank: int, port: int, out: str, share: float, inside: bool) -> None:
     """An MLP ending in an 8192-way head whose loss (label smoothing, a z-loss) is computed
-    outside the module, under DDP at ``share`` of eager DDP's peak, in bytes."""
+    outside the module (``inside``: by the module, returned beside its logits), under DDP at
+    ``share`` of eager DDP's peak, in bytes."""
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -292,11 +311,13 @@ def _outside_worker(rank: int, port: int, out: str, share: float) -> None:
         g = torch.Generator().manual_seed(rank)
         x, y = torch.randn(256, 256, generator=g), torch.randint(0, 8192, (256,), generator=g)
 
+        if inside:
+            base = _WithLoss(base)
+
         def step(m: nn.Module) -> None:
             m.zero_grad(set_to_none=True)
-            logits = m(x)
-            loss = nn.functional.cross_entropy(logits, y, label_smoothing=0.1)
-            (loss + 1e-4 * logits.logsumexp(-1).pow(2).mean()).backward()
+            loss = m(x, y)[0] if inside else _head_loss(m(x), y)
+            loss.backward()
 
         eager = DDP(copy.deepcopy(base))
         step(eager)
@@ -317,11 +338,20 @@ def test_a_large_output_of_a_step_not_measured_whole_under_ddp_on_the_cpu_warns_
     # on the CPU under torch.distributed the step is not measured whole (its profiler beside
     # gloo's threads corrupted the heap), so a loss outside the module goes uncounted: the
     # 8192-way head's loss took this step to 1.25x a budget of 0.8 of eager DDP's peak, silently
-    spawn(_outside_worker, (free_port(), str(tmp_path), 0.8), WORLD)
-    for r in range(WORLD):
-        doc = json.loads((tmp_path / f"rank{r}.json").read_text())
-        said = [w for w in doc["warnings"] if "not measured whole on the CPU under torch.distributed" in w]
-        assert len(said) == 1 and "8.00 MiB of outputs" in said[0], f"rank {r}: {doc['warnings']}"
+    # the same loss computed by the module (returned beside its logits) is planned with the step
+    for inside in (False, True):
+        out = tmp_path / str(inside)
+        out.mkdir()
+        spawn(_outside_worker, (free_port(), str(out), 0.8, inside), WORLD)
+        for r in range(WORLD):
+            doc = json.loads((out / f"rank{r}.json").read_text())
+            said = [
+                w for w in doc["warnings"] if "not measured whole on the CPU under torch.distributed" in w
+            ]
+            if inside:
+                assert not said, f"rank {r}: {said}"
+            else:
+                assert len(said) == 1 and "8.00 MiB of outputs" in said[0], f"rank {r}: {doc['warnings']}"
 
 
 @contextlib.contextmanager
