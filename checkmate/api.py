@@ -42,8 +42,8 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from checkmate.distributed import active_ddp_module, check_fsdp_order
-from checkmate.runtime import COMPILERS, UNCHECKED, BudgetWarning, Planner, PlanRecord, log
+from checkmate.distributed import active_ddp_module, check_fsdp_order, in_process_group
+from checkmate.runtime import COMPILERS, LATER_ROOM, UNCHECKED, BudgetWarning, Planner, PlanRecord, log
 from checkmate.stepcheck import StepWindow, abort_windows, open_window
 from solvers.budget import BudgetSpec, format_bytes, parse_budget
 from solvers.errors import CheckmateError, TraceError
@@ -473,7 +473,7 @@ def _training_call(
         # the step measured whole (checkmate.stepcheck); under a profiler, at a later call. Each
         # rank of a distributed job measures and plans again on its own: no rank waits for another
         device = _device_of(self, args, kwargs)
-        if device.type == "cpu" and _distributed():
+        if device.type == "cpu" and in_process_group():
             # the CPU's measurement is a profiler, and the collectives a backward launches carry its
             # thread-local state to gloo's threads, which report to it after it stopped: a DDP loop
             # on one rank died of heap corruption ("free(): invalid next size") in 2 runs of 6
@@ -627,22 +627,23 @@ def _device_of(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any])
 def _warn_unmeasured(module: nn.Module, state: CheckmateState, out: Any) -> None:
     """A :class:`BudgetWarning`, once, where a step cannot be measured whole (the CPU under
     torch.distributed) and a loss computed on the module's outputs outside it could take a
-    large share of the byte budget (three times their bytes: an HF GPT-2's cross-entropy
-    with label smoothing held 2.86 times its logits); not where the module returns a scalar
+    large share of the byte budget (:data:`~checkmate.runtime.LATER_ROOM` times their bytes,
+    the planner's guess at what a loss on outputs holds: an HF GPT-2's cross-entropy with
+    label smoothing held 2.86 times its logits); not where the module returns a scalar
     beside them (its own loss)."""
     nbytes = state.planner.budget.nbytes
     leaves = list(_grad_leaves(out))
     if nbytes is None or any(t.numel() == 1 for t in leaves):
         return  # the module computes its loss (a Hugging Face model given labels=)
     outputs = sum(t.numel() * t.element_size() for t in leaves)
-    if 3 * outputs <= UNMEASURED_SHARE * nbytes:
+    if LATER_ROOM * outputs <= UNMEASURED_SHARE * nbytes:
         return
     state.warned_unmeasured = True
     warnings.warn(
         f"{type(module).__name__}'s training step is not measured whole on the CPU under torch.distributed "
         f"(its measurement, a profiler, is unsafe beside gloo's threads), so memory held outside the module "
         f"between its forward and backward is not counted: a loss computed on its "
-        f"{format_bytes(outputs)} of outputs can hold about three times that beside the plan. Compute the "
+        f"{format_bytes(outputs)} of outputs can hold about {LATER_ROOM} times that beside the plan. Compute the "
         "loss inside the optimized module's forward (it is then planned with the step), or leave that much "
         "of the budget free",
         BudgetWarning,
@@ -652,12 +653,6 @@ def _warn_unmeasured(module: nn.Module, state: CheckmateState, out: Any) -> None
 
 #: a share of the byte budget above which a loss outside an unmeasured step is warned of
 UNMEASURED_SHARE = 0.2
-
-
-def _distributed() -> bool:
-    """Whether a process group is initialized (any number of ranks)."""
-    dist = torch.distributed
-    return bool(dist.is_available() and dist.is_initialized())
 
 
 def _measure_until_backward(module: nn.Module, state: CheckmateState, key: tuple[Any, ...], out: Any) -> None:

@@ -49,6 +49,7 @@ from solvers.result import SolveResult, Status
 from solvers.schedule import Schedule, validate
 
 __all__ = [
+    "in_process_group",
     "rank_and_world",
     "active_ddp_module",
     "ddp_reserve",
@@ -62,11 +63,16 @@ __all__ = [
 log = logging.getLogger("checkmate")
 
 
+def in_process_group() -> bool:
+    """Whether a default process group is initialized (of any number of ranks)."""
+    dist = torch.distributed
+    return bool(dist.is_available() and dist.is_initialized())
+
+
 def rank_and_world() -> tuple[int, int]:
     """``(rank, world size)`` of the default process group, ``(0, 1)`` without one."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
+    if in_process_group():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
 
 
@@ -183,8 +189,7 @@ KEY_PREFIX = "checkmate/plan/"
 
 def _store() -> Any:
     """The default process group's key-value store, None without a group of several ranks."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if rank_and_world()[1] == 1:
         return None
     from torch.distributed.distributed_c10d import _get_default_store
 
