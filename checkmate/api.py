@@ -281,6 +281,15 @@ def _original(model: nn.Module) -> tuple[nn.Module, type[nn.Module]]:
             stacklevel=3,
         )
         model = model._orig_mod
+    if model.__dict__.get("_compiled_call_impl") is not None:
+        # nn.Module.compile(): the module's __call__ runs torch.compile of the original forward,
+        # which would replace the plan and run with no memory bound, saying nothing
+        warnings.warn(
+            f"checkmate.optimize was given a module compiled in place ({type(model).__name__}.compile()): "
+            "it plans the module's forward and runs its own compiled step instead of torch.compile's",
+            UserWarning,
+            stacklevel=3,
+        )
     cls = type(model)
     if _STATE in model.__dict__:
         cls = _base_of(cls)
@@ -293,6 +302,7 @@ def _plain(module: nn.Module, cls: type[nn.Module]) -> nn.Module:
     plain = cls.__new__(cls)
     plain.__dict__.update(module.__dict__)
     plain.__dict__.pop(_STATE, None)
+    plain.__dict__.pop("_compiled_call_impl", None)  # nn.Module.compile()'s, see _original
     return plain
 
 

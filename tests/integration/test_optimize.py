@@ -466,3 +466,35 @@ def test_a_plan_that_more_than_doubles_the_step_warns_once() -> None:
     costly = [str(w.message) for w in caught if issubclass(w.category, checkmate.OverheadWarning)]
     assert len(costly) == 1, costly  # the slow plan's, once; none for the plan at 0.8
     assert "of the step's compute" in costly[0] and "lp-rounding" in costly[0]
+
+
+@pytest.mark.parametrize("how", ["torch.compile(model)", "model.compile()"])
+def test_a_compiled_module_is_planned_not_run_by_its_own_compile(how: str) -> None:
+    """A module given to optimize already compiled (wrapped by ``torch.compile``, or compiled in
+    place by ``nn.Module.compile()``, whose compiled ``__call__`` travelled with the module's
+    attributes and ran the original forward unplanned: 1.67x the budget, nothing said) is
+    planned: one plan, the step within the budget, the gradients eager's, and a warning."""
+    torch.manual_seed(0)
+    ref = M.MLP(64, 4)
+    x = torch.randn(1024, 64)
+    _step(ref, x)
+    _zero(ref)
+    eager = measure_peak(lambda: _step(ref, x))
+    expected = _grads(ref)
+    model = copy.deepcopy(ref)
+    if how == "model.compile()":
+        model.compile()
+        given: Any = model
+    else:
+        given = torch.compile(model)
+    budget = int(0.6 * eager)
+    with pytest.warns(UserWarning, match="compile"):
+        opt = checkmate.optimize(given, budget, profile="cpu", time_limit=10)
+    _step(opt, x)  # plans
+    _zero(model)
+    measured = measure_peak(lambda: _step(opt, x))
+    assert len(plans_of(opt)) == 1
+    assert plans_of(opt)[0].recomputes > 0
+    assert measured <= 1.05 * budget, f"{measured / budget:.3f}x the budget"
+    for g, e in zip(_grads(model), expected):
+        assert torch.equal(g, e)
