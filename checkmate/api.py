@@ -123,6 +123,9 @@ class CheckmateState:
     #: the keyword arguments :func:`optimize` was called with (budget included): a copy or an
     #: unpickled module is optimized again with them
     settings: dict[str, Any] = field(default_factory=dict)
+    #: a forward the model had set on itself (``model.forward = ...``), which ``eager`` runs:
+    #: its function where it was a method of the model (rebound to a copy), else the callable
+    own_forward: tuple[Callable[..., Any], bool] | None = None
 
 
 def optimize(
@@ -251,12 +254,27 @@ def optimize(
         "check_peak": check_peak,
     }
     new = _plain(model, base)
+    # a forward set on the instance (Accelerate's mixed-precision wrapper, a user's) would
+    # shadow checkmate's: the step ran it unplanned, saying nothing. It is what gets planned
+    own = new.__dict__.pop("forward", None)
     new.__class__ = _subclass(base)
     # a forward of its own: Dynamo keeps its compiled variants (and counts recompilations)
     # per code object, and every module of a class shares the class's
-    eager = _own_function(base.forward).__get__(new)
-    compiled = torch.compile(eager, backend=planner.backend(), dynamic=False, fullgraph=fullgraph)
-    new.__dict__[_STATE] = CheckmateState(planner=planner, eager=eager, compiled=compiled, settings=settings)
+    eager: Callable[..., Any]
+    own_forward: tuple[Callable[..., Any], bool] | None = None
+    if own is None:
+        eager = _own_function(base.forward).__get__(new)
+    elif isinstance(own, types.MethodType) and own.__self__ is model:
+        eager = _own_function(own.__func__).__get__(new)
+        own_forward = (own.__func__, True)
+    else:
+        eager, own_forward = own, (own, False)
+    compiled = torch.compile(
+        eager, backend=planner.backend(), dynamic=False, fullgraph=fullgraph, **_ISOLATED
+    )
+    new.__dict__[_STATE] = CheckmateState(
+        planner=planner, eager=eager, compiled=compiled, settings=settings, own_forward=own_forward
+    )
     if example_inputs is not None:
         with _untouched(new), torch.enable_grad():
             was = new.training
@@ -266,6 +284,17 @@ def optimize(
             finally:
                 new.train(was)
     return new
+
+
+#: each optimized module's compiled variants counted apart from those of every other module of
+#: its class: Dynamo shares one recompile count among the compiles of equal code (copies of a
+#: class's forward included), and a module past it ran its step eagerly, unplanned, saying
+#: nothing (the ninth of nine optimized Sequentials, a parameter unfrozen mid-training)
+_ISOLATED: dict[str, Any] = (
+    {"isolate_recompiles": True}
+    if "isolate_recompiles" in inspect.signature(torch.compile).parameters
+    else {}
+)
 
 
 def _original(model: nn.Module) -> tuple[nn.Module, type[nn.Module]]:
@@ -301,8 +330,11 @@ def _plain(module: nn.Module, cls: type[nn.Module]) -> nn.Module:
     checkmate's state: the same parameters, buffers and submodules."""
     plain = cls.__new__(cls)
     plain.__dict__.update(module.__dict__)
-    plain.__dict__.pop(_STATE, None)
+    state = plain.__dict__.pop(_STATE, None)
     plain.__dict__.pop("_compiled_call_impl", None)  # nn.Module.compile()'s, see _original
+    if state is not None and state.own_forward is not None:  # the forward it had set on itself
+        fn, method = state.own_forward
+        plain.__dict__["forward"] = types.MethodType(fn, plain) if method else fn
     return plain
 
 

@@ -498,3 +498,67 @@ def test_a_compiled_module_is_planned_not_run_by_its_own_compile(how: str) -> No
     assert measured <= 1.05 * budget, f"{measured / budget:.3f}x the budget"
     for g, e in zip(_grads(model), expected):
         assert torch.equal(g, e)
+
+
+def test_a_forward_set_on_the_instance_is_the_one_planned_and_copies_keep_it() -> None:
+    """A forward the model set on itself (``model.forward = MethodType(...)``, as Accelerate's
+    mixed precision and other wrappers do) shadowed checkmate's: the step ran it unplanned
+    (1.67x the budget, nothing said). It is the forward planned, and a deep copy keeps it."""
+    import types
+
+    def autocast_forward(model: nn.Module) -> None:
+        inner = type(model).forward
+
+        def forward(self: nn.Module, x: Any) -> Any:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return inner(self, x).float()
+
+        model.forward = types.MethodType(forward, model)  # type: ignore[method-assign]
+
+    torch.manual_seed(0)
+    ref = M.MLP(64, 4)
+    x = torch.randn(1024, 64)
+    model = copy.deepcopy(ref)
+    autocast_forward(ref)
+    autocast_forward(model)
+    _step(ref, x)
+    _zero(ref)
+    budget = int(0.6 * measure_peak(lambda: _step(ref, x)))
+    expected = _grads(ref)
+    opt = checkmate.optimize(model, budget, profile="cpu", time_limit=10)
+    _step(opt, x)  # plans
+    _zero(model)
+    measured = measure_peak(lambda: _step(opt, x))
+    assert len(plans_of(opt)) == 1 and plans_of(opt)[0].recomputes > 0
+    assert measured <= 1.05 * budget, f"{measured / budget:.3f}x the budget"
+    assert opt(x).dtype == torch.float32 and any(n.dtype == torch.bfloat16 for n in _outputs_of_mm(opt, x))
+    for g, e in zip(_grads(model), expected):
+        assert torch.equal(g, e)
+    twin = copy.deepcopy(opt)  # an EMA model: its own parameters, the same forward
+    _step(twin, x)
+    assert len(plans_of(twin)) == 1
+    for g, e in zip(_grads(twin), expected):
+        assert torch.equal(g, e)
+
+
+def _outputs_of_mm(model: nn.Module, x: Any) -> list[Any]:
+    """The outputs of the matrix products of one eval-mode call (their dtypes)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[Any] = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket in (torch.ops.aten.addmm, torch.ops.aten.mm):
+                seen.append(out)
+            return out
+
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), Watch():
+            model(x)
+    finally:
+        model.train(was)
+    return seen

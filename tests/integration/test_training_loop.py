@@ -247,3 +247,37 @@ def test_parameters_frozen_or_unfrozen_mid_training_are_planned_again_with_eager
             for p in m[0].parameters():  # type: ignore[index]
                 p.requires_grad_(start_frozen)
     assert len(checkmate.plans_of(opt)) == 2
+
+
+def test_a_module_unfrozen_after_eight_others_of_its_class_were_optimized_is_planned_again() -> None:
+    """Dynamo counted the compiles of every optimized module of one class against one
+    recompile limit (8): past it, a parameter unfrozen mid-training made the step run
+    eagerly, unplanned, with nothing said. Each optimized module counts its own."""
+
+    def mlp() -> nn.Sequential:
+        return nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
+
+    x, y = torch.randn(1024, 64), torch.randint(0, 10, (1024,))
+    torch.manual_seed(0)
+    for _ in range(8):  # other models of the same class in the process (a sweep, EMA copies)
+        other = checkmate.optimize(mlp(), 0.85, time_limit=3)
+        nn.functional.cross_entropy(other(x), y).backward()
+    model = mlp()
+    twin = copy.deepcopy(model)
+    for m in (model, twin):
+        for p in m[0].parameters():  # type: ignore[index]
+            p.requires_grad_(False)
+    opt = checkmate.optimize(model, 0.85, time_limit=3)
+    for _ in range(2):
+        for m in (model, twin):
+            m.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(opt(x), y).backward()
+        nn.functional.cross_entropy(twin(x), y).backward()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            assert (p.grad is None) == (q.grad is None)
+            if p.grad is not None:
+                assert torch.equal(p.grad, q.grad)
+        for m in (model, twin):
+            for p in m[0].parameters():  # type: ignore[index]
+                p.requires_grad_(True)
+    assert len(checkmate.plans_of(opt)) == 2  # planned again once unfrozen, not run eagerly
