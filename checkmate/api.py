@@ -529,6 +529,9 @@ def _training_call(
                 weakref.finalize(state, state.window.abort)  # a module dropped mid-measurement
     before = len(state.planner.records)
     state.planner.begin_step(key)
+    state.planner.input_shapes = frozenset(
+        tuple(t.shape) for t in torch.utils._pytree.tree_leaves((args, kwargs)) if _floating(t)
+    )
     try:
         out = _compiled_call(state, args, kwargs, limits=key not in state.eager_keys or _near_limit(state))
         state.planner.settle()  # every graph of the step is compiled: a fraction it cannot meet raises
@@ -658,6 +661,10 @@ def _track_pending(state: CheckmateState, out: Any) -> None:
     state.pending.append(ref)
 
 
+def _floating(x: object) -> bool:
+    return isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())
+
+
 def _device_of(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:
     """The device of a call's first tensor input, else of the module's first parameter."""
     for x in torch.utils._pytree.tree_leaves((args, kwargs)):
@@ -684,10 +691,10 @@ def _warn_unmeasured(module: nn.Module, state: CheckmateState, out: Any) -> None
     warnings.warn(
         f"{type(module).__name__}'s training step is not measured whole on the CPU under torch.distributed "
         f"(its measurement, a profiler, is unsafe beside gloo's threads), so memory held outside the module "
-        f"between its forward and backward is not counted: a loss computed on its "
-        f"{format_bytes(outputs)} of outputs can hold about {LATER_ROOM} times that beside the plan. Compute the "
-        "loss inside the optimized module's forward (it is then planned with the step), or leave that much "
-        "of the budget free",
+        f"between its forward and backward is only guessed at: a loss computed on its "
+        f"{format_bytes(outputs)} of outputs can hold about {LATER_ROOM} times that beside the plan (room the "
+        "plan leaves where it can, and a loss may hold more). Compute the loss inside the optimized module's "
+        "forward (it is then planned with the step), or leave that much of the budget free",
         BudgetWarning,
         stacklevel=_caller_level(),
     )
@@ -756,6 +763,9 @@ def _close_window(state: CheckmateState) -> None:
         return
     if _CALLS[0] != state.window_calls:  # another optimized module ran inside: its memory is not outside
         log.info("the training step was not measured whole: other optimized modules run inside it")
+        if state.planner.unmeasured(key):  # no loss is computed on its outputs: the next module is
+            state.stepped.discard(key)
+            state.recompile = True
         return
     verdict = state.planner.check_step(key, peak)
     if verdict == "replan":

@@ -254,6 +254,14 @@ class Planner:
             graph of the step is planned with that much room beside it, and a step not
             measured yet with as much per byte of its outputs' gradients as the most any
             step measured.
+        loss_guess: step signature -> the room its last graph was planned with, before any
+            step of the module was measured whole, for a loss computed on its outputs outside
+            the module (:func:`_loss_room`), until :meth:`check_step` measures what is held.
+        given_back: step signatures planned again with less room than guessed, as measured:
+            measured over the budget after, they are planned again once more.
+        input_shapes: the shapes of the floating-point tensors the call being compiled was
+            given: an output of one of them is a block's (the next block reads it), no room is
+            guessed for a loss on it.
         more_follows: whether more of the step runs after the graph being compiled
             (:func:`ends_at_graph_break`, :func:`called_from_model_code`).
         unsettled: step signature -> the graphs of it planned above an infeasible fraction
@@ -299,6 +307,10 @@ class Planner:
     inputs: Sequence[Any] | None = field(default=None, repr=False)
     latest: dict[object, list[int]] = field(default_factory=dict, repr=False)
     outside: dict[object, int] = field(default_factory=dict, repr=False)
+    loss_guess: dict[object, int] = field(default_factory=dict, repr=False)
+    guess_now: int = field(default=0, repr=False)
+    given_back: set[object] = field(default_factory=set, repr=False)
+    input_shapes: frozenset[tuple[int, ...]] = field(default=frozenset(), repr=False)
     more_follows: bool = field(default=False, repr=False)
     unsettled: dict[object, list[_Unsettled]] = field(default_factory=dict, repr=False)
     fallback: bool = field(default=True, repr=False)
@@ -453,6 +465,11 @@ class Planner:
             self.budget,
         )
         profile_id = _profile_id(self.profile, device, compiler)
+        # the first steps of a module run before any was measured whole: room for a loss on
+        # the outputs of the graph that ends the forward (the step measured whole corrects it)
+        self.guess_now = 0
+        if self.budget.nbytes is not None and not self.outside and not self.more_follows:
+            self.guess_now = _loss_room(joint, jg, self.input_shapes)
         beyond: InfeasibleBudgetError | None = None  # the graph model's verdict, overruled below
         with stage("plan", spent):  # reuse a plan of its family, else the plan cache or a solve
             try:
@@ -938,7 +955,10 @@ class Planner:
         then none there, then the whole budget as before; :meth:`_check_split` then says
         what the step can reach."""
         before = self._held_before()
-        base = before + self._outside_room(jg.graph)  # + code outside the module (check_step)
+        outside = self._outside_room(jg.graph) or self.guess_now  # code outside the module (check_step)
+        if self.guess_now and not self.outside:
+            self.loss_guess[self.step] = self.guess_now
+        base = before + outside
         at_boundary, beside = self._later_room(jg.graph, profile_id)
         extra = at_boundary - beside  # room the boundary needs beyond what the whole run leaves
         tries: list[tuple[int, int | None]] = [(base + beside, extra)] if extra > 0 else []
@@ -988,6 +1008,26 @@ class Planner:
         forward/backward boundary are held outside the module (``outside``), and the step is
         to be compiled again with that room; else the warning to give."""
         asked = self.budget.nbytes
+        graphs = self.latest.get(step, [])
+        if asked is not None and peak <= STEP_SLACK * asked and step in self.loss_guess:
+            # planned with a guessed room for a loss outside: what is held there now, measured
+            # at the least, what the step measured beyond its plans' simulated peak (the loss
+            # held beside it); measured over the budget after, it is planned again once more
+            guess = self.loss_guess.pop(step)
+            planned = max((_held_bytes(self.records[i])[1] for i in graphs), default=0)
+            self.outside[step] = max(peak - planned, 0)
+            if guess - self.outside[step] > GUESS_SLACK * asked:
+                self.given_back.add(step)
+                self._forget_plans(step)
+                log.info(
+                    "the training step measured %s of its budget of %s, planned with %s of room for a loss "
+                    "outside the module where about %s is held: compiling it again at the next call",
+                    format_bytes(peak),
+                    format_bytes(asked),
+                    format_bytes(guess),
+                    format_bytes(self.outside[step]),
+                )
+                return "replan"
         if asked is None or peak <= STEP_SLACK * asked:
             log.info(
                 "the training step measured %s of its budget of %s",
@@ -995,7 +1035,6 @@ class Planner:
                 format_bytes(asked or 0),
             )
             return None
-        graphs = self.latest.get(step, [])
         alone = _measured_alone([self.records[i] for i in graphs])
         if not self.outside and alone is not None and peak <= STEP_SLACK * alone:
             # what its graph measured compiled, alone: its plan's own excess, which the compiled
@@ -1009,8 +1048,9 @@ class Planner:
             )
             return None
         held = sum(_held_bytes(self.records[i])[0] for i in graphs)
-        beyond = max(peak - held, peak - asked + self.outside.get(step, 0))
-        if step not in self.outside:
+        beyond = max(peak - held, peak - asked + self.outside.get(step, self.loss_guess.pop(step, 0)))
+        if step not in self.outside or step in self.given_back:
+            self.given_back.discard(step)
             self.outside[step] = beyond
             log.info(
                 "the training step measured %s, over its budget of %s: about %s is held outside the "
@@ -1028,6 +1068,25 @@ class Planner:
             f"it could not make fit. Compute the loss inside the optimized module's forward (it is then "
             f"planned with the step), or raise the budget to {format_bytes(peak)}"
         )
+
+    def unmeasured(self, step: object) -> bool:
+        """A step that cannot be measured whole (other optimized modules run inside it: the
+        blocks of a model optimized apart, whose outputs the next block reads, not a loss):
+        True where it was planned with a guessed room for a loss outside, now dropped, so
+        that the caller compiles it again."""
+        if self.loss_guess.pop(step, None) is None:
+            return False
+        self.outside[step] = 0
+        self._forget_plans(step)
+        return True
+
+    def _forget_plans(self, step: object) -> None:
+        """Take the plans of ``step``'s latest compile out of their families: made with a room
+        that was not needed, they are not to be reused when it is compiled again."""
+        for i in self.latest.get(step, []):
+            family = self.families.get(structure(self.records[i].joint.graph), [])
+            if i in family:
+                family.remove(i)
 
     def _later_room(self, graph: Graph, profile_id: str) -> tuple[int, int]:
         """Under a byte budget, what the graphs after this one in the call need beside it:
@@ -1295,6 +1354,34 @@ def _held_bytes(record: PlanRecord) -> tuple[int, int, int]:
         return 0, int(record.result.peak or 0), 0
     sim = simulate(graph, schedule)
     return sim.boundary, int(sim.peak), _gradient_bytes(graph)
+
+
+def _loss_room(
+    joint: fx.GraphModule, jg: JointGraph, inputs: frozenset[tuple[int, ...]] = frozenset()
+) -> int:
+    """A guess at what a loss computed outside the module on a graph's outputs holds beside
+    its step: :data:`LATER_ROOM` times the outputs' gradients, each element counted at 4
+    bytes at least (a loss is computed in float32: a bfloat16 output under autocast is
+    upcast first, and held twice its bytes). None where an output is a scalar (the module
+    computes its loss) or none is differentiable; an output of the shape of one of the
+    call's ``inputs`` is a block's (a transformer layer, one of the blocks a model optimized
+    apart runs in turn: the next one reads it, it is not given to a loss), counted as none. Measured: an MLP under CPU autocast whose
+    loss was computed on its bfloat16 outputs stepped at 1.12x a byte budget of 0.6 of eager's
+    peak at its first two calls planned without it."""
+    sizes = []
+    for node in joint.graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        if (
+            node.name.startswith("tangents")
+            and node.name not in jg.unread
+            and isinstance(val, torch.Tensor)
+            and (val.is_floating_point() or val.is_complex())
+            and tuple(val.shape) not in inputs
+        ):
+            sizes.append(val.numel() * max(val.element_size(), 4))
+    if not sizes or min(sizes) <= SCALAR_BYTES:
+        return 0
+    return LATER_ROOM * sum(sizes)
 
 
 def _tangent_bytes(graph: Graph) -> int:

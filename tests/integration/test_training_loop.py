@@ -255,7 +255,9 @@ def test_a_module_unfrozen_after_eight_others_of_its_class_were_optimized_is_pla
     eagerly, unplanned, with nothing said. Each optimized module counts its own."""
 
     def mlp() -> nn.Sequential:
-        return nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
+        return nn.Sequential(
+            nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10)
+        )
 
     x, y = torch.randn(1024, 64), torch.randint(0, 10, (1024,))
     torch.manual_seed(0)
