@@ -1365,9 +1365,10 @@ def _loss_room(
     upcast first, and held twice its bytes). None where an output is a scalar (the module
     computes its loss) or none is differentiable; an output of the shape of one of the
     call's ``inputs`` is a block's (a transformer layer, one of the blocks a model optimized
-    apart runs in turn: the next one reads it, it is not given to a loss), counted as none. Measured: an MLP under CPU autocast whose
-    loss was computed on its bfloat16 outputs stepped at 1.12x a byte budget of 0.6 of eager's
-    peak at its first two calls planned without it."""
+    apart runs in turn: the next one reads it, it is not given to a loss), counted as none.
+    Measured: an MLP with a 512-way head under CPU autocast, its cross-entropy computed on
+    the bfloat16 logits outside it, stepped at 1.14x a byte budget of 0.6 of eager's peak at
+    its first two calls planned without the room, 0.87x with it."""
     sizes = []
     for node in joint.graph.find_nodes(op="placeholder"):
         val = node.meta.get("val")
