@@ -529,9 +529,7 @@ def _training_call(
                 weakref.finalize(state, state.window.abort)  # a module dropped mid-measurement
     before = len(state.planner.records)
     state.planner.begin_step(key)
-    state.planner.input_shapes = frozenset(
-        tuple(t.shape) for t in torch.utils._pytree.tree_leaves((args, kwargs)) if _floating(t)
-    )
+    state.planner.input_shapes = _float_shapes(key)
     try:
         out = _compiled_call(state, args, kwargs, limits=key not in state.eager_keys or _near_limit(state))
         state.planner.settle()  # every graph of the step is compiled: a fraction it cannot meet raises
@@ -661,8 +659,14 @@ def _track_pending(state: CheckmateState, out: Any) -> None:
     state.pending.append(ref)
 
 
-def _floating(x: object) -> bool:
-    return isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())
+def _float_shapes(key: tuple[Any, ...]) -> frozenset[tuple[int, ...]]:
+    """The shapes of a call's floating-point tensor inputs, read from its :func:`_signature`
+    (every step passes here: no pytree walk)."""
+    return frozenset(
+        p[0]
+        for p in key
+        if type(p) is tuple and len(p) == 4 and isinstance(p[1], torch.dtype) and p[1].is_floating_point
+    )
 
 
 def _device_of(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:

@@ -308,7 +308,6 @@ class Planner:
     latest: dict[object, list[int]] = field(default_factory=dict, repr=False)
     outside: dict[object, int] = field(default_factory=dict, repr=False)
     loss_guess: dict[object, int] = field(default_factory=dict, repr=False)
-    guess_now: int = field(default=0, repr=False)
     given_back: set[object] = field(default_factory=set, repr=False)
     input_shapes: frozenset[tuple[int, ...]] = field(default=frozenset(), repr=False)
     more_follows: bool = field(default=False, repr=False)
@@ -467,13 +466,13 @@ class Planner:
         profile_id = _profile_id(self.profile, device, compiler)
         # the first steps of a module run before any was measured whole: room for a loss on
         # the outputs of the graph that ends the forward (the step measured whole corrects it)
-        self.guess_now = 0
+        guess = 0
         if self.budget.nbytes is not None and not self.outside and not self.more_follows:
-            self.guess_now = _loss_room(joint, jg, self.input_shapes)
+            guess = _loss_room(joint, jg, self.input_shapes)
         beyond: InfeasibleBudgetError | None = None  # the graph model's verdict, overruled below
         with stage("plan", spent):  # reuse a plan of its family, else the plan cache or a solve
             try:
-                res, asked, reused = self._solve_after_earlier(jg, profile_id)
+                res, asked, reused = self._solve_after_earlier(jg, profile_id, guess)
             except InfeasibleBudgetError as exc:
                 dropping = self._dropping_outputs(joint, jg, exc, profile_id, compiler)
                 if dropping is not None:
@@ -944,7 +943,7 @@ class Planner:
         return modules.forward, modules.backward
 
     def _solve_after_earlier(
-        self, jg: JointGraph, profile_id: str
+        self, jg: JointGraph, profile_id: str, guess: int = 0
     ) -> tuple[SolveResult, int | None, int | None]:
         """:meth:`_solve` under a byte budget less what the other graphs of this call hold
         while this one runs (graph breaks, and DDP's graph splits at its gradient buckets:
@@ -953,12 +952,12 @@ class Planner:
         forward/backward boundary, where they run, their least peaks (:meth:`_later_room`,
         :mod:`solvers.boundary`). Where that leaves no plan, a smaller room at the boundary,
         then none there, then the whole budget as before; :meth:`_check_split` then says
-        what the step can reach."""
+        what the step can reach. ``guess``: bytes to leave for a loss outside the module where
+        no step was measured yet (:func:`_loss_room`), in place of the measured room."""
         before = self._held_before()
-        outside = self._outside_room(jg.graph) or self.guess_now  # code outside the module (check_step)
-        if self.guess_now and not self.outside:
-            self.loss_guess[self.step] = self.guess_now
-        base = before + outside
+        if guess:  # no step measured yet: room for a loss outside, guessed
+            self.loss_guess[self.step] = guess
+        base = before + (self._outside_room(jg.graph) or guess)  # + code outside the module (check_step)
         at_boundary, beside = self._later_room(jg.graph, profile_id)
         extra = at_boundary - beside  # room the boundary needs beyond what the whole run leaves
         tries: list[tuple[int, int | None]] = [(base + beside, extra)] if extra > 0 else []
