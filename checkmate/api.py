@@ -64,10 +64,11 @@ class _Pending:
     """A planned call whose backward has not run: it lives as long as the call's autograd graph
     (held in its output's ``grad_fn.metadata``), and ``done`` is set when the backward reaches it."""
 
-    __slots__ = ("__weakref__", "done")
+    __slots__ = ("__weakref__", "done", "key")
 
-    def __init__(self) -> None:
+    def __init__(self, key: tuple[Any, ...]) -> None:
         self.done = False
+        self.key = key  # the call's input signature (its plans: Planner.latest)
 
 
 @dataclass(eq=False)  # identity: held in weak sets
@@ -83,7 +84,8 @@ class CheckmateState:
         warned_eval: a step in ``eval()`` mode was backpropagated, and a warning said so.
         pending: the planned calls whose backward has not run yet, while their graphs live
             (:func:`_track_pending`).
-        warned_reentry: a call started while an earlier one was pending, and a warning said so.
+        warned_reentry: under a fraction, a call started while an earlier one was pending,
+            and a warning said so (under a byte budget the calls are planned together).
         warned_unmeasured: a step that cannot be measured whole had large outputs, and a
             warning said so (:func:`_warn_unmeasured`).
         warned_checkpointing: the module had Hugging Face gradient checkpointing on at a
@@ -503,7 +505,7 @@ def _training_call(
             state.outside_ddp.add(key)
     elif state.eager_keys[key]:
         out = state.eager(*args, **kwargs)
-        _track_pending(state, out)
+        _track_pending(state, out, key)
         return out
     unmeasured = False  # a step that cannot be measured whole (below), warned of once
     if state.recompile or state.planner.recompile:
@@ -538,6 +540,9 @@ def _training_call(
         state.window_key = None
         _close_window(state)
         raise
+    finally:
+        state.planner.pending_held = 0  # only the call that found more calls held plans beside them
+    _warn_calls(state)
     call = state.planner.call
     if len(state.planner.records) > before and (
         len(call) > 1 or any(state.planner.records[i].joint.dropped for i in call)
@@ -547,7 +552,7 @@ def _training_call(
         # collected now, not when the backward is already running beside them (a full
         # collection takes a tenth of a second or more: only where it matters)
         gc.collect()
-    _track_pending(state, out)
+    _track_pending(state, out, key)
     if state.window is not None and len(state.planner.records) > before:
         state.window_key = None  # it compiled (a guard Dynamo keys on, e.g. autocast): no measure
         _close_window(state)
@@ -642,7 +647,7 @@ def _grad_leaves(out: Any) -> Iterator[torch.Tensor]:
     return (t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad)
 
 
-def _track_pending(state: CheckmateState, out: Any) -> None:
+def _track_pending(state: CheckmateState, out: Any, key: tuple[Any, ...]) -> None:
     """Record a planned call as pending until a backward reaches one of its outputs' nodes.
 
     The marker lives in those nodes' ``metadata``, so it dies with the call's autograd graph:
@@ -650,7 +655,7 @@ def _track_pending(state: CheckmateState, out: Any) -> None:
     nodes = {id(n): n for t in _grad_leaves(out) if (n := t.grad_fn) is not None}
     if not nodes:
         return
-    token = _Pending()
+    token = _Pending(key)
     ref = weakref.ref(token)
     for node in nodes.values():
         meta: dict[str, Any] = node.metadata  # type: ignore[assignment]  # a property; typed as a method
@@ -806,25 +811,46 @@ def _backward_reached(ref: weakref.ref[_Pending], grad_outputs: Any) -> None:
 
 
 def _check_reentry(module: nn.Module, state: CheckmateState) -> None:
-    """A :class:`BudgetWarning`, once, when ``module`` is called for training while an earlier
-    call's backward has not run (two views of a batch, a GAN's discriminator on real and fake
-    data, losses summed over micro-batches before one backward): each call is planned to fit
-    the budget alone, and what the earlier calls keep for their backward is held beside it."""
+    """``module`` is called for training while earlier calls' backward has not run (two views
+    of a batch, a GAN's discriminator on real and fake data, losses summed over micro-batches
+    before one backward): what those calls keep for their backward is held beside this one.
+
+    Under a byte budget, when that is more calls than the module was planned for, it is
+    compiled again, each call planned at its share of the budget, and this one also beside
+    what the earlier calls hold (:meth:`Planner.held_at_once`). Under a fraction, each call
+    is planned at the fraction of its own graph's peak: a :class:`BudgetWarning`, once."""
     live = [r for r in state.pending if (t := r()) is not None and not t.done]
     state.pending = live
-    if live and not state.warned_reentry:
+    if not live:
+        return
+    if state.planner.budget.nbytes is not None:
+        keys = [t.key for r in live if (t := r()) is not None]
+        if state.planner.held_at_once(len(live) + 1, keys):
+            _compile_again(state)
+            _warn_calls(state)
+        return
+    if not state.warned_reentry:
         state.warned_reentry = True
         warnings.warn(
             f"{type(module).__name__} was called again before the backward of {len(live)} earlier "
-            "call(s): each call is planned to fit the budget alone, and the activations an earlier "
-            "call keeps for its backward stay allocated beside the next call's, so this step can "
-            f"hold up to {len(live) + 1} times the budget. Optimize one module whose forward makes "
+            "call(s): each call is planned at the budget's fraction of its own graph's peak, and the "
+            "activations an earlier call keeps for its backward stay allocated beside the next call's, "
+            f"so this step can hold up to {len(live) + 1} times one call's budget. Pass the budget in bytes "
+            "(each call is then planned at its share of it), optimize one module whose forward makes "
             "all the calls and computes the loss (its graph is then planned as one step), call the "
             "model once on the inputs concatenated, or, for micro-batches, run each one's backward "
             "before the next call (gradients accumulate)",
             BudgetWarning,
             stacklevel=_caller_level(),
         )
+
+
+def _warn_calls(state: CheckmateState) -> None:
+    """The planner's :class:`BudgetWarning` that this step, which found the module called
+    again before earlier calls' backward, can exceed the budget; at the line that called it."""
+    message, state.planner.calls_warning = state.planner.calls_warning, None
+    if message is not None:
+        warnings.warn(message, BudgetWarning, stacklevel=_caller_level())
 
 
 def _recompile_limit_hit() -> bool:

@@ -284,6 +284,15 @@ class Planner:
         recompile: a backward was given gradients its plan counted as no bytes, or found
             outputs held that its plan dropped, beyond its budget: the caller compiles the step
             again at its next call.
+        calls: the most calls of the module seen held at once, each called before the
+            backward of the ones before it (two views of a batch, a GAN's discriminator on
+            real and fake data, micro-batches whose losses are summed before one backward),
+            as the caller found (:meth:`held_at_once`). Under a byte budget each graph is
+            planned at that share of it, so that the calls fit together.
+        pending_held: while the call that found more calls held at once compiles, what the
+            calls before it hold, simulated: its graphs are planned to fit beside that too.
+        calls_warning: a :class:`BudgetWarning` for the caller to issue, once: the step that
+            found more calls held at once can exceed the budget (:meth:`_warn_calls`).
     """
 
     budget: Budget
@@ -319,6 +328,10 @@ class Planner:
     dropped_errors: dict[int, InfeasibleBudgetError] = field(default_factory=dict, repr=False)
     recompile: bool = field(default=False, repr=False)
     warned_given: set[int] = field(default_factory=set, repr=False)
+    calls: int = field(default=1, repr=False)
+    pending_held: int = field(default=0, repr=False)
+    warned_calls: bool = field(default=False, repr=False)
+    calls_warning: str | None = field(default=None, repr=False)
 
     @property
     def plans_made(self) -> int:
@@ -404,6 +417,37 @@ class Planner:
             )
             for k, i in enumerate(self.call)
         )
+
+    def held_at_once(self, calls: int, pending: Sequence[object]) -> bool:
+        """The module was called while ``calls - 1`` earlier calls of it (their step signatures
+        ``pending``) had not run their backward: what each keeps for its backward is held
+        beside the next one. True when that is more calls than its graphs were planned for
+        under a byte budget: from now on each graph is planned to fit beside the other calls
+        (:meth:`_solve_beside_calls`), and the graphs of this call compiled next also beside
+        what the pending calls hold now (``pending_held``), so that this step fits too where
+        the pending calls' backwards do (else a :class:`BudgetWarning`). The caller compiles
+        the module again (every input signature is planned again)."""
+        if self.budget.nbytes is None or calls <= self.calls:
+            return False
+        self.calls = calls
+        held = [_held_bytes(self.records[i]) for step in pending for i in self.latest.get(step, ())]
+        self.pending_held = sum(s for s, _, _ in held)
+        # the first call's backward runs last, beside the gradients the later calls' left
+        net = self.budget.nbytes - ddp_reserve() - fsdp_reserve()
+        over = max((p + g - net for _, p, g in held), default=0)
+        if over > 0:
+            self._warn_calls(
+                f"the backward of the first can exceed it by up to {format_bytes(over)}, beside the gradients "
+                "the later calls' backwards leave"
+            )
+        log.info(
+            "%d calls of the module are held at once before a backward (the earlier ones hold %s): "
+            "compiling it again, each call planned to fit beside the others in the budget of %s",
+            calls,
+            format_bytes(self.pending_held),
+            format_bytes(self.budget.nbytes),
+        )
+        return True
 
     def backend(self) -> Callable[..., Any]:
         """A torch.compile backend running this planner's plans with its compiler."""
@@ -673,7 +717,7 @@ class Planner:
         assert asked is not None
         buckets = ddp_reserve()
         beside = buckets + fsdp_reserve()  # DDP's buckets, FSDP2's parameters: beside every graph
-        nbytes = max(asked - beside, 1)
+        nbytes = max(asked - beside - self._share_of_others(), 1)  # and the module's other calls' share
         parts = [_held_bytes(self.records[i]) for i in self.call]
         estimates = [
             sum(s for s, _, _ in parts[:j]) + parts[j][1] + sum(g for _, _, g in parts[j + 1 :])
@@ -959,6 +1003,8 @@ class Planner:
             self.loss_guess[self.step] = guess
         base = before + (self._outside_room(jg.graph) or guess)  # + code outside the module (check_step)
         at_boundary, beside = self._later_room(jg.graph, profile_id)
+        if self.calls > 1 and self.budget.nbytes is not None:  # the module's other calls beside it
+            return self._solve_beside_calls(jg, profile_id, base + beside)
         extra = at_boundary - beside  # room the boundary needs beyond what the whole run leaves
         tries: list[tuple[int, int | None]] = [(base + beside, extra)] if extra > 0 else []
         tries.append((base + beside, None))
@@ -982,6 +1028,81 @@ class Planner:
                 elif reserve - over > before and (not tries or reserve - over > tries[0][0]):
                     tries.insert(0, (reserve - over, None))
         return self._solve(jg, profile_id)
+
+    def _solve_beside_calls(
+        self, jg: JointGraph, profile_id: str, base: int
+    ) -> tuple[SolveResult, int | None, int | None]:
+        """:meth:`_solve` for one of ``calls`` calls of the module held at once (each made
+        before the backward of the ones before it; their backwards run in reverse), beside
+        ``base`` bytes (graphs before it in the call, room for code outside the module).
+
+        Each call runs the same plan, which holds at most ``h`` bytes at its forward/backward
+        boundary (what an earlier call keeps while a later one runs) and peaks at ``P``.
+        While call ``j`` runs, the ``j - 1`` before it hold ``h`` each, and, for every call
+        but the last (whose backward runs first), the gradients the later calls' backwards
+        left, ``G`` (accumulated into one copy): ``P`` fits the budget less
+        ``max((m - 2) h + G, (m - 1) h)``. ``h`` is half the most that leaves the graph's
+        least peak room: halfway between recomputing to hold little at the boundary and
+        recomputing to peak low. The call that found more calls held plans beside what the
+        earlier ones hold (``pending_held``) too; where that leaves no plan, as the later
+        calls are, with a :class:`BudgetWarning` that this step can exceed the budget."""
+        m, asked = self.calls, self.budget.nbytes or 0
+        net = max(asked - ddp_reserve() - fsdp_reserve() - base, 0)
+        grads = _gradient_bytes(jg.graph)
+        free = net - self._least_peak(jg.graph, profile_id)  # what the other calls may hold
+        most = free // (m - 1) if grads <= free else 0
+        if m > 2:
+            most = min(most, max(free - grads, 0) // (m - 2))
+        h = most // 2
+
+        def others(held: int) -> int:
+            return max((m - 2) * held + grads, (m - 1) * held)
+
+        error: InfeasibleBudgetError | None = None
+        tried: set[int] = set()
+        for pending in (self.pending_held, 0):
+            reserve = max(others(h), pending)
+            if reserve in tried:
+                continue
+            tried.add(reserve)
+            try:
+                got = self._solve(jg, profile_id, base + reserve, max(net - reserve - h, 0))
+            except InfeasibleBudgetError as exc:
+                error = error or exc
+                continue
+            if reserve < self.pending_held:
+                self._warn_calls(
+                    f"no plan of this call fits beside the {format_bytes(self.pending_held)} they hold"
+                )
+            return got
+        assert error is not None
+        error.add_note(
+            f"The module is called {m} times before a backward (two views of a batch, a GAN's discriminator on "
+            "real and fake data, micro-batches summed into one loss): each call keeps what its backward needs "
+            "while the later ones run, and each backward but the first runs beside the gradients the ones before "
+            f"it left ({format_bytes(grads)}). Raise the budget, or run each call's backward before the next call"
+        )
+        raise error
+
+    def _warn_calls(self, why: str) -> None:
+        """Once, the :class:`BudgetWarning` (``calls_warning``, for the caller to issue at the
+        line that called the module) that the step in which the module was found called
+        again before the earlier calls' backward can exceed the budget: they were planned
+        to fit it alone."""
+        if self.warned_calls:
+            return
+        self.warned_calls = True
+        self.calls_warning = (
+            f"the module was called again before the backward of {self.calls - 1} earlier call(s), planned to "
+            f"fit the budget of {format_bytes(self.budget.nbytes or 0)} alone, and {why}: this step can exceed "
+            "it. From the next call on, each call is planned to fit beside the others"
+        )
+
+    def _share_of_others(self) -> int:
+        """Under a byte budget, what the module's other calls held at once (``calls``) get of
+        what DDP's buckets and FSDP2's parameters leave, at an even share each."""
+        net = max((self.budget.nbytes or 0) - ddp_reserve() - fsdp_reserve(), 0)
+        return net * (self.calls - 1) // self.calls
 
     def _outside_room(self, graph: Graph) -> int:
         """Under a byte budget, the bytes code outside the module held beside this step as
@@ -1299,7 +1420,7 @@ class Planner:
                     exc.add_note(
                         f"{format_bytes(reserve)} of the budget asked is held beside this graph (DDP's "
                         "gradient buckets, FSDP2's unsharded parameters, what graphs before it in the step "
-                        "keep for their backward) and was taken off it"
+                        "keep for their backward, the module's other calls held at once) and was taken off it"
                     )
                 raise
             asked, minimum = exc.budget, exc.minimum
