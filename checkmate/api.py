@@ -583,6 +583,13 @@ def _training_call(
                 "enough). Raise torch._dynamo.config.recompile_limit before compiling them, or call "
                 "torch._dynamo.reset() before checkmate.optimize"
             )
+        elif hooked := _backward_hooked(self):
+            why = (
+                f"Dynamo does not trace a module's backward hooks without compiled autograd, and {hooked} "
+                "has one (register_full_backward_hook, register_full_backward_pre_hook or register_backward_hook). "
+                "A hook on a tensor (`out.register_hook(fn)` in the forward) or on a parameter "
+                "(`param.register_hook(fn)`, `register_post_accumulate_grad_hook`) is planned with the step"
+            )
         else:
             why = (
                 "Dynamo skips nn.LSTM/GRU/RNN unless torch._dynamo.config.allow_rnn = True; otherwise "
@@ -596,6 +603,19 @@ def _training_call(
             stacklevel=_caller_level(),
         )
     return out
+
+
+def _backward_hooked(module: nn.Module) -> str | None:
+    """The name of a submodule of ``module`` (or ``"every module"``, for a global hook) with a
+    module backward hook, which Dynamo does not trace, or None."""
+    from torch.nn.modules import module as nn_module
+
+    if nn_module._global_backward_hooks or nn_module._global_backward_pre_hooks:
+        return "every module (a global backward hook)"
+    for name, sub in module.named_modules():
+        if sub._backward_hooks or sub._backward_pre_hooks:
+            return f"{type(module).__name__}.{name}" if name else type(module).__name__
+    return None
 
 
 def _caller_level() -> int:

@@ -213,9 +213,18 @@ def _returns_next(frame: types.FrameType) -> bool:
     return bool(after) and after[0].opname in ("RETURN_VALUE", "RETURN_CONST")
 
 
-@functools.lru_cache(maxsize=256)
 def _instructions(code: types.CodeType) -> tuple[dis.Instruction, ...]:
-    """``code``'s instructions (a frame's code runs once per step: read once)."""
+    """``code``'s instructions (a frame's code runs once per step: read once). Code that
+    Dynamo generates can hold unhashable constants (a tensor hook registered in the forward:
+    a dict), and is read each time."""
+    try:
+        return _cached_instructions(code)
+    except TypeError:
+        return tuple(dis.get_instructions(code))
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_instructions(code: types.CodeType) -> tuple[dis.Instruction, ...]:
     return tuple(dis.get_instructions(code))
 
 

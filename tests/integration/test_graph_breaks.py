@@ -438,3 +438,60 @@ def test_a_graph_break_after_the_loss_leaves_no_room_for_graphs_that_do_not_foll
     bound = rec.result.info.get("boundary")
     assert bound is None or bound >= (rec.result.budget or 0) - 64, (bound, rec.result.budget)
     assert peak <= budget, f"{peak / budget:.3f}x the budget"
+
+
+class HookedInTheMiddle(nn.Module):
+    """An MLP whose forward registers a gradient hook on its middle activation, as gradient
+    reversal or logging of activations' gradients does; with ``log``, a lambda that appends
+    to a list (a side effect Dynamo breaks the graph at, in a frame whose code holds a dict)."""
+
+    def __init__(self, log: list[int] | None = None) -> None:
+        super().__init__()
+        self.first = nn.ModuleList(nn.Linear(128, 128) for _ in range(3))
+        self.second = nn.ModuleList(nn.Linear(128, 128) for _ in range(3))
+        self.head = nn.Linear(128, 10)
+        self.log = log
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.first:
+            x = F.gelu(layer(x))
+        if x.requires_grad:
+            log = self.log
+            x.register_hook((lambda g: -g) if log is None else (lambda g: log.append(1) or -g))
+        for layer in self.second:
+            x = F.gelu(layer(x))
+        return self.head(x)
+
+
+@pytest.mark.parametrize("side_effect", [False, True], ids=["pure", "appends"])
+def test_a_gradient_hook_registered_in_the_forward_is_planned_and_runs_once_per_step(
+    side_effect: bool,
+) -> None:
+    # with a side effect, Dynamo breaks the graph at the hook, and the frame it then compiles
+    # holds unhashable constants: reading its instructions raised a TraceError
+    x = torch.randn(1024, 128)
+    torch.manual_seed(0)
+    eager = HookedInTheMiddle([] if side_effect else None)
+    opt = checkmate.optimize(copy.deepcopy(eager), 0.7, time_limit=2.0)  # its own log
+    for step in range(1, 3):
+        for p, q in zip(opt.parameters(), eager.parameters(), strict=True):
+            p.grad = q.grad = None
+        eager(x).square().mean().backward()
+        opt(x).square().mean().backward()
+        assert opt.log == eager.log == ([1] * step if side_effect else None)
+        for p, q in zip(opt.parameters(), eager.parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad)
+    assert plans_of(opt)
+
+
+def test_a_module_backward_hook_runs_the_step_eagerly_and_the_warning_names_its_module() -> None:
+    # Dynamo traces no module backward hook without compiled autograd: the whole forward runs
+    # eagerly, and the warning says which submodule has one, and what is planned instead
+    calls: list[int] = []
+    model = nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
+    model[2].register_full_backward_hook(lambda module, grad_in, grad_out: calls.append(1))
+    opt = checkmate.optimize(model, 0.5, time_limit=2.0)
+    with pytest.warns(UnplannedWarning, match=r"Sequential\.2 has one \(register_full_backward_hook") as got:
+        opt(torch.randn(8, 32)).sum().backward()
+    assert got[0].filename == __file__
+    assert calls == [1] and not plans_of(opt)
