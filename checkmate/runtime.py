@@ -830,9 +830,14 @@ class Planner:
         # so that a plan leaving room at these sizes is replanned to use it
         start = int(res.peak or res.budget) if "reused_from" in res.info else int(res.budget)
 
+        # a plan that holds at most so much at its forward/backward boundary (room for the graphs
+        # or calls that run beside it) is replanned holding no more there
+        boundary = res.info.get("boundary")
+
         def replan(target: int) -> _Plan | None:
             try:
-                got = self._solved(jg.graph, Budget(nbytes=target), profile_id)
+                bound = None if boundary is None or boundary >= target else int(boundary)
+                got = self._solved(jg.graph, Budget(nbytes=target, boundary=bound), profile_id)
             except InfeasibleBudgetError:
                 return None
             got = replace(got, info={**got.info, "reference": ref})
@@ -1342,16 +1347,17 @@ class Planner:
         if bound is not None:
             target = replace(target, boundary=bound)
         holds = lambda res: bound is None or boundary_hold(graph, res.schedule) <= bound  # noqa: E731
+        bounded = {} if bound is None else {"boundary": bound}  # for a replan (the compiled check)
         if family and nbytes is not None and ref <= nbytes:
             # keeping every value fits these sizes (a short last batch): no plan recomputes less
             res = checkpoint_all(graph, nbytes)
             if holds(res):
-                info = {**res.info, "chosen": res.strategy, "reference": ref, KEEPS_ALL: True}
+                info = {**res.info, "chosen": res.strategy, "reference": ref, KEEPS_ALL: True, **bounded}
                 return replace(res, info=info), None, None
         if family and nbytes is not None:
             got = reuse(graph, ref, self.records, family, nbytes)
             if got is not None and holds(got[0]):
-                return got[0], None, got[1]
+                return replace(got[0], info={**got[0].info, **bounded}), None, got[1]
             if budget.nbytes is not None and bound is None:
                 solve = lambda g, b: self._shared(  # noqa: E731
                     g, b.resolve(0), lambda _: self._solved(g, b, profile_id), profile_id
