@@ -217,6 +217,7 @@ def fold_zeros(module: fx.GraphModule, zero: frozenset[str]) -> fx.GraphModule:
     arguments are None): see the module docstring. Its calling convention is ``module``'s."""
     graph = fx.Graph()
     writers = _writers(module.graph.nodes)  # an alias of a storage written in place would see it
+    reached = _reached(module.graph, zero, writers)
     env: dict[fx.Node, fx.Node] = {}
     zeros: dict[fx.Node, Any] = {}  # node of ``module`` whose value is zero -> its fake value
     made: dict[fx.Node, fx.Node] = {}  # such a node -> the zero tensor made for it
@@ -244,8 +245,8 @@ def fold_zeros(module: fx.GraphModule, zero: frozenset[str]) -> fx.GraphModule:
             if n.name in zero:
                 zeros[n] = n.meta.get("val")
             continue
-        if n.op == "output":
-            graph.output(fx.node.map_arg(n.args[0], arg))
+        if n.op == "output":  # a gradient no given tangent reaches: None, as in eager autograd
+            graph.output(fx.node.map_arg(n.args[0], lambda a: arg(a) if a in reached else None))
             continue
         rule = _rule(n, zeros.__contains__)
         if rule == ZERO:
@@ -264,6 +265,30 @@ def fold_zeros(module: fx.GraphModule, zero: frozenset[str]) -> fx.GraphModule:
     graph.eliminate_dead_code()
     graph.lint()
     return fx.GraphModule(module, graph)
+
+
+def _reached(graph: fx.Graph, zero: frozenset[str], writers: dict[fx.Node, list[fx.Node]]) -> set[fx.Node]:
+    """The nodes of a backward ``graph`` whose value depends on a tangent that is given (not
+    named in ``zero``), through its inputs or an op writing its storage in place. A gradient
+    is linear in the tangents: one that depends on none given is zero, and eager autograd,
+    which never reaches its parameter from the loss, leaves it None (an optimizer then skips
+    the parameter: AdamW's weight decay and moments included), where a zero tensor would
+    have it stepped."""
+    reached: set[fx.Node] = set()
+    changed = True
+    while changed:  # an in-place write comes after the nodes that read its storage: again
+        changed = False
+        for n in graph.nodes:
+            if n in reached:
+                continue
+            if (
+                (n.op == "placeholder" and n.name.startswith("tangents") and n.name not in zero)
+                or any(a in reached for a in n.all_input_nodes)
+                or any(w in reached for w in writers.get(_root(n), ()))
+            ):
+                reached.add(n)
+                changed = True
+    return reached
 
 
 def _root(n: fx.Node) -> fx.Node:

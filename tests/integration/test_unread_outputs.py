@@ -176,25 +176,29 @@ def _traced(fn, *shapes: tuple[int, ...]) -> torch.fx.GraphModule:
 
 
 def test_a_zero_gradient_folds_into_an_addition_and_is_made_where_it_cannot() -> None:
-    x = torch.randn(4, 8)
+    x, u = torch.randn(4, 8), torch.randn(4, 8)
 
-    def add_then_scale(saved_x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        g = t + saved_x * 2  # folds: the gradient is the other operand
-        return g.sum(0), (t * 3).exp()  # exp of a zero: a zero tensor is made for it
+    def add_then_scale(
+        saved_x: torch.Tensor, t: torch.Tensor, u: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        g = t + saved_x * u  # folds: the gradient is the other operand
+        # exp of a zero: a zero tensor is made for it; the last, which no given tangent
+        # reaches, is None (a gradient is linear in the tangents: eager would not compute it)
+        return g.sum(0), (t * 3).exp() * u, t * saved_x
 
-    gm = _traced(add_then_scale, (4, 8), (4, 8))
+    gm = _traced(add_then_scale, (4, 8), (4, 8), (4, 8))
     folded = fold_zeros(gm, frozenset({"tangents_1"}))
-    got = folded([x, None])
-    assert torch.equal(got[0], (x * 2).sum(0)) and torch.equal(got[1], torch.ones(4, 8))
+    got = folded([x, None, u])
+    assert torch.equal(got[0], (x * u).sum(0)) and torch.equal(got[1], u) and got[2] is None
     code = folded.code
     assert "aten.add" not in code and "zeros_strided" in code
 
-    def broadcast(saved_x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor]:
-        return (t + saved_x,)  # the zero is larger than the other operand: made, then added
+    def broadcast(saved_x: torch.Tensor, t: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor]:
+        return (t + saved_x * u[0],)  # the zero is larger than the other operand: made, then added
 
-    gm = _traced(broadcast, (8,), (4, 8))
-    (got,) = fold_zeros(gm, frozenset({"tangents_1"}))([x[0], None])
-    assert torch.equal(got, x[0].expand(4, 8))
+    gm = _traced(broadcast, (8,), (4, 8), (4, 8))
+    (got,) = fold_zeros(gm, frozenset({"tangents_1"}))([x[0], None, u])
+    assert torch.equal(got, (x[0] * u[0]).expand(4, 8))
 
 
 def _joint(fn, *shapes: tuple[int, ...]) -> torch.fx.GraphModule:
@@ -221,3 +225,42 @@ def test_only_the_gradients_of_outputs_a_loss_was_computed_from_are_planned_unre
         assert unread_tangents(_joint(fn, (4, 8), (), (4, 8))) == frozenset(), fn.__name__
     # no loss (no gradient of one element): every gradient is counted
     assert unread_tangents(_joint(logits, (4, 8), (4, 8), (4, 8))) == frozenset()
+
+
+class PooledTwice(nn.Module):
+    """An encoder returning its hidden states and a pooled summary of them through a head of
+    its own (a Hugging Face ``BertModel``'s ``pooler_output``), which a loss may leave unread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(*(m for _ in range(4) for m in (nn.Linear(32, 32), nn.GELU())))
+        self.pooler = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.body(x)
+        return hidden, torch.tanh(self.pooler(hidden[:, 0]))
+
+
+def test_parameters_only_an_unread_output_depends_on_get_no_gradient_as_in_eager() -> None:
+    # a zero gradient would have AdamW step them (its weight decay and moments): eager leaves
+    # them None, and the optimizer skips them. The pooler's gradients were zeros before
+    torch.manual_seed(0)
+    eager = PooledTwice()
+    opt = checkmate.optimize(copy.deepcopy(eager), 0.7, time_limit=2.0)
+    optims = [torch.optim.AdamW(m.parameters(), lr=0.1, weight_decay=0.1) for m in (eager, opt)]
+    for _ in range(2):
+        x = torch.randn(64, 16, 32)
+        for model, optim in zip((eager, opt), optims, strict=True):
+            optim.zero_grad(set_to_none=True)
+            model(x)[0].square().mean().backward()
+        assert opt.pooler.weight.grad is None and opt.pooler.bias.grad is None
+        for p, q in zip(opt.parameters(), eager.parameters(), strict=True):
+            assert (p.grad is None) == (q.grad is None)
+            assert p.grad is None or q.grad is None or torch.equal(p.grad, q.grad)
+        for optim in optims:
+            optim.step()
+        for p, q in zip(opt.parameters(), eager.parameters(), strict=True):
+            assert torch.equal(p, q)
+    # read, the pooled output gives its head gradients
+    opt(torch.randn(64, 16, 32))[1].sum().backward()
+    assert opt.pooler.weight.grad is not None
