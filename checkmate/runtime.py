@@ -297,7 +297,7 @@ class Planner:
             backward of the ones before it (two views of a batch, a GAN's discriminator on
             real and fake data, micro-batches whose losses are summed before one backward),
             as the caller found (:meth:`held_at_once`). Under a byte budget each graph is
-            planned at that share of it, so that the calls fit together.
+            planned to fit beside the other calls (:meth:`_solve_beside_calls`).
         pending_held: while the call that found more calls held at once compiles, what the
             calls before it hold, simulated: its graphs are planned to fit beside that too.
         calls_warning: a :class:`BudgetWarning` for the caller to issue, once: the step that
