@@ -836,7 +836,7 @@ def _check_reentry(module: nn.Module, state: CheckmateState) -> None:
     before one backward): what those calls keep for their backward is held beside this one.
 
     Under a byte budget, when that is more calls than the module was planned for, it is
-    compiled again, each call planned at its share of the budget, and this one also beside
+    compiled again, each call planned to fit beside the others, and this one also beside
     what the earlier calls hold (:meth:`Planner.held_at_once`). Under a fraction, each call
     is planned at the fraction of its own graph's peak: a :class:`BudgetWarning`, once."""
     live = [r for r in state.pending if (t := r()) is not None and not t.done]
@@ -856,7 +856,7 @@ def _check_reentry(module: nn.Module, state: CheckmateState) -> None:
             "call(s): each call is planned at the budget's fraction of its own graph's peak, and the "
             "activations an earlier call keeps for its backward stay allocated beside the next call's, "
             f"so this step can hold up to {len(live) + 1} times one call's budget. Pass the budget in bytes "
-            "(each call is then planned at its share of it), optimize one module whose forward makes "
+            "(each call is then planned to fit beside the others in it), optimize one module whose forward makes "
             "all the calls and computes the loss (its graph is then planned as one step), call the "
             "model once on the inputs concatenated, or, for micro-batches, run each one's backward "
             "before the next call (gradients accumulate)",
