@@ -57,7 +57,14 @@ from checkmate.families import family_target, larger_shape_budget, plan_ahead, r
 from checkmate.records import HELD_TO, KEEPS_ALL, PlanRecord
 from checkmate.scratch import flush_scratch, prefetch_scratch, scratch_bytes
 from checkmate.stepcheck import STEP_SLACK, abort_windows
-from checkmate.tangents import NoneTangents, grad_fns, release_unused, unread_tangents, watch_held
+from checkmate.tangents import (
+    MadeZeros,
+    NoneTangents,
+    grad_fns,
+    release_unused,
+    unread_tangents,
+    watch_held,
+)
 from checkmate.timers import stage
 from checkmate.trace import (
     JointGraph,
@@ -1598,12 +1605,32 @@ def _inductor_backend(planner: Planner) -> Callable[..., Any]:
         # the forward's and the backward's compile (the backward's runs later, at the first
         # backward call, outside the backend's call)
         partitioner.digest = _memory_digest(gm)
+        made = MadeZeros(gm) if kwargs.get("is_backward") and MadeZeros.can_make(gm) else None
         with V.set_choices_handler(_PlanOrderChoices(V.choices)):
-            return compile_fx_inner(gm, *args, **kwargs)
+            out = compile_fx_inner(gm, *args, **kwargs)
+        if made is not None:  # read before Inductor's passes rewrite gm
+            made.compiled = out
+            return made
+        return out
 
     def compiled(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         with torch._functorch.config.patch(enable_autograd_cache=False):
-            return compile_fx(gm, list(example_inputs), inner_compile=inner, config_patches=patches)
+            step: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
+                gm, list(example_inputs), inner_compile=inner, config_patches=patches
+            )
+        if not partitioner.zeros_made:
+            return step
+
+        @functools.wraps(step)
+        def run(*args: Any) -> Any:
+            # the gradients of outputs the loss leaves unread stay undefined: MadeZeros makes
+            # their zeros in the backward, and leaves the gradients only they reach None
+            made_before = grad_fns(_flat(args))  # a boxed call clears its argument list
+            out = step(*args)
+            release_unused(out if isinstance(out, (list, tuple)) else (out,), made_before)
+            return out
+
+        return run
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         planner.inputs = example_inputs  # the step's tensors, for checking plans compiled
@@ -1667,11 +1694,14 @@ class _Partitioner(CustomPartitionerFn):
     def __init__(self, planner: Planner) -> None:
         self.planner = planner
         self.digest = ""
+        self.zeros_made = False
 
     def __call__(
         self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
-        return self.planner.partition(gm, joint_inputs, **kwargs)
+        fw, bw = self.planner.partition(gm, joint_inputs, **kwargs)
+        self.zeros_made = MadeZeros.can_make(bw)  # its backward will make undefined tangents' zeros
+        return fw, bw
 
     def uuid(self) -> str:
         return f"checkmate-partitioner-{self.VERSION}:{self.digest}"

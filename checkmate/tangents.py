@@ -46,11 +46,13 @@ from torch.fx.graph import _BoxedCodeGen
 from checkmate.ops import is_view_node
 
 __all__ = [
+    "MadeZeros",
     "NoneTangents",
     "added_to_loss",
     "fold_zeros",
     "grad_fns",
     "release_unused",
+    "tangent_masks",
     "unread_tangents",
     "watch_held",
     "zeros_strided",
@@ -274,21 +276,88 @@ def _reached(graph: fx.Graph, zero: frozenset[str], writers: dict[fx.Node, list[
     which never reaches its parameter from the loss, leaves it None (an optimizer then skips
     the parameter: AdamW's weight decay and moments included), where a zero tensor would
     have it stepped."""
-    reached: set[fx.Node] = set()
+    masks, names = tangent_masks(graph, writers)
+    given = sum(1 << k for k, name in enumerate(names) if name not in zero)
+    return {n for n, m in masks.items() if m & given}
+
+
+def tangent_masks(
+    graph: fx.Graph, writers: dict[fx.Node, list[fx.Node]] | None = None
+) -> tuple[dict[fx.Node, int], list[str]]:
+    """Which tangents each node of a backward ``graph`` depends on, through its inputs or an
+    op writing its storage in place: a bit mask over the tangents (bit k: the k-th of the
+    names returned, in placeholder order)."""
+    if writers is None:
+        writers = _writers(graph.nodes)
+    names: list[str] = []
+    masks: dict[fx.Node, int] = {}
+    for n in graph.nodes:
+        if n.op == "placeholder" and n.name.startswith("tangents"):
+            masks[n] = 1 << len(names)
+            names.append(n.name)
     changed = True
     while changed:  # an in-place write comes after the nodes that read its storage: again
         changed = False
         for n in graph.nodes:
-            if n in reached:
-                continue
-            if (
-                (n.op == "placeholder" and n.name.startswith("tangents") and n.name not in zero)
-                or any(a in reached for a in n.all_input_nodes)
-                or any(w in reached for w in writers.get(_root(n), ()))
-            ):
-                reached.add(n)
+            m = masks.get(n, 0)
+            for a in n.all_input_nodes:
+                m |= masks.get(a, 0)
+            for w in writers.get(_root(n), ()):
+                m |= masks.get(w, 0)
+            if m != masks.get(n, 0):
+                masks[n] = m
                 changed = True
-    return reached
+    return masks, names
+
+
+class MadeZeros:
+    """A backward Inductor compiled (boxed: ``(*saved, *tangents)`` in a list), taking None
+    for any of its tangents, whose forward's node passes undefined gradients as None
+    (:func:`release_unused`): it makes their zero tensors itself, as autograd would have
+    (the same bytes, at the same point: the backward's start), and returns None for each
+    gradient no given tangent reaches, as eager autograd leaves it (:func:`_reached`).
+
+    Inductor's compiled code cannot be run as a variant (:func:`fold_zeros` rewrites the fx
+    module before it is compiled), so the memory stays what ``torch.compile`` holds; the
+    gradients become eager's. ``module`` is the backward graph before Inductor compiles it
+    (its passes rewrite it in place), read here once; ``compiled`` is set to what Inductor
+    compiled of it."""
+
+    def __init__(self, module: fx.GraphModule) -> None:
+        self.compiled: Callable[[list[Any]], Any] | None = None  # set once Inductor compiled it
+        self._boxed_call = True
+        masks, _ = tangent_masks(module.graph)
+        phs = [n for n in module.graph.nodes if n.op == "placeholder"]
+        self.tangents = [(k, masks[n], n.meta.get("val")) for k, n in enumerate(phs) if n in masks]
+        out = next(n for n in reversed(module.graph.nodes) if n.op == "output").args[0]
+        outs = out if isinstance(out, (list, tuple)) else (out,)
+        self.reached_by = [masks.get(a, 0) if isinstance(a, fx.Node) else 0 for a in outs]
+
+    @staticmethod
+    def can_make(module: fx.GraphModule) -> bool:
+        """Whether every tangent of ``module`` has a known size and stride (no symbolic one)."""
+        for n in module.graph.nodes:
+            if n.op == "placeholder" and n.name.startswith("tangents"):
+                val = n.meta.get("val")
+                if not isinstance(val, torch.Tensor):
+                    return False
+                if not all(isinstance(d, int) for d in (*val.shape, *val.stride())):
+                    return False
+        return True
+
+    def __call__(self, args: list[Any]) -> Any:
+        assert self.compiled is not None, "MadeZeros called before its backward was compiled"
+        given = 0
+        for k, bit, val in self.tangents:
+            if args[k] is not None:
+                given |= bit
+            else:
+                args[k] = zeros_strided(tuple(val.shape), tuple(val.stride()), val.dtype, val.device)
+        if given == sum(bit for _, bit, _ in self.tangents):
+            return self.compiled(args)
+        grads = self.compiled(args)
+        kept = [g if reach & given else None for g, reach in zip(grads, self.reached_by, strict=True)]
+        return type(grads)(kept) if isinstance(grads, tuple) else kept
 
 
 def _root(n: fx.Node) -> fx.Node:

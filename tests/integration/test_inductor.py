@@ -395,3 +395,36 @@ def test_calls_held_at_once_keep_their_boundary_bound_when_the_compiled_check_re
         assert measure_peak(lambda: views(opt).backward()) <= budget
     boundary = [r.result.info.get("boundary") for r in checkmate.plans_of(opt)]
     assert boundary[-1] is not None  # the plan run now was made with the bound
+
+
+def test_parameters_only_an_unread_output_depends_on_get_no_gradient_compiled() -> None:
+    # eager leaves the pooler's gradients None when the loss reads only the hidden states, and
+    # AdamW then skips it; Inductor's compiled backward gave it zeros, which AdamW's weight
+    # decay stepped. The compiled backward now makes the unread output's zero gradient itself
+    # and leaves what only it reaches None
+    from tests.integration.test_unread_outputs import PooledTwice
+
+    torch.manual_seed(0)
+    eager = PooledTwice()
+    opt = checkmate.optimize(copy.deepcopy(eager), 0.7, compiler="inductor", time_limit=2.0, profile="cpu")
+    optims = [torch.optim.AdamW(m.parameters(), lr=0.1, weight_decay=0.1) for m in (eager, opt)]
+    pooler = opt.pooler.weight.detach().clone()
+    for _ in range(2):
+        x = torch.randn(64, 16, 32)
+        grads = {}
+        for model, optim in zip((eager, opt), optims, strict=True):
+            optim.zero_grad(set_to_none=True)
+            model(x)[0].square().mean().backward()
+            grads[model] = {k: p.grad for k, p in model.named_parameters()}
+        assert opt.pooler.weight.grad is None and opt.pooler.bias.grad is None
+        got, ref = grads[opt], grads[eager]
+        assert {k for k, g in got.items() if g is None} == {k for k, g in ref.items() if g is None}
+        _assert_close(
+            {k: g for k, g in got.items() if g is not None}, {k: g for k, g in ref.items() if g is not None}
+        )
+        for optim in optims:
+            optim.step()
+    assert torch.equal(opt.pooler.weight, pooler)  # AdamW skipped it, as in eager
+    # read, the pooled output gives its head gradients
+    opt(torch.randn(64, 16, 32))[1].sum().backward()
+    assert opt.pooler.weight.grad is not None
