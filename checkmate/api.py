@@ -489,9 +489,13 @@ def _training_call(
     self: nn.Module, state: CheckmateState, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     key = _signature(args, kwargs)
+    again = _called_again_inside(state)  # its step measured whole stays open: this call is in it
     for st in list(_OPEN):  # measured steps: over, never backpropagated, or this call is inside
-        _close_window(st)
+        if not (again and st is state):
+            _close_window(st)
     _CALLS[0] += 1
+    if again:
+        state.window_calls = _CALLS[0]
     if state.pending:
         _check_reentry(self, state)
     if state.outside_ddp and key in state.outside_ddp and active_ddp_module() is not None:
@@ -513,7 +517,13 @@ def _training_call(
         # was given gradients its plan counted as no bytes
         state.recompile = state.planner.recompile = False
         _compile_again(state)
-    elif state.planner.budget.nbytes is not None and key in state.eager_keys and key not in state.stepped:
+    elif (
+        state.planner.budget.nbytes is not None
+        and key in state.eager_keys
+        and key not in state.stepped
+        and state.window is None
+        and not state.pending  # a later call of a step: measured from its first call only
+    ):
         # the step measured whole (checkmate.stepcheck); under a profiler, at a later call. Each
         # rank of a distributed job measures and plans again on its own: no rank waits for another
         device = _device_of(self, args, kwargs)
@@ -738,15 +748,18 @@ def _measure_until_backward(module: nn.Module, state: CheckmateState, key: tuple
     module's last trainable parameter is accumulated (a backward through modules before it,
     optimized apart, is theirs), else at the end of the backward that reached its outputs.
     The window is closed, and the planner's verdict taken, at the next optimizer step or
-    call of the module (:func:`_close_window`)."""
+    call of the module (:func:`_close_window`). A later call of the same step (called before
+    the earlier calls' backward: :func:`_called_again_inside`) keeps the first call's key and
+    hooks, which mark the end of their one backward."""
     window = state.window
     nodes = {id(n): n for t in _grad_leaves(out) if (n := t.grad_fn) is not None}
-    state.window_key = key
+    if window is None or not window.handles:  # else a later call of the step: it keeps the first's key
+        state.window_key = key
     if window is None or not nodes:
         _close_window(state)
         return
-    params = [p for p in module.parameters() if p.requires_grad]
-    handles: list[Any] = []
+    params = [p for p in module.parameters() if p.requires_grad] if not window.handles else []
+    handles: list[Any] = []  # a later call of the step (calls held at once): the first's hooks end it
     left = [len(params)]
 
     def accumulated(param: Any) -> None:
@@ -757,7 +770,7 @@ def _measure_until_backward(module: nn.Module, state: CheckmateState, key: tuple
                 h.remove()
 
     handles.extend(p.register_post_accumulate_grad_hook(accumulated) for p in params)
-    window.handles = handles
+    window.handles = window.handles or handles
 
     def reached(grad_outputs: Any) -> None:  # a parameter without a gradient: the backward's end
         if not window.ended and not window.queued:
@@ -822,6 +835,20 @@ def _close_windows_at_exit() -> None:
 
 register_optimizer_step_pre_hook(_close_windows_before_step)
 atexit.register(_close_windows_at_exit)
+
+
+def _called_again_inside(state: CheckmateState) -> bool:
+    """Whether this training call of the module comes before the backward of its earlier
+    calls, inside the window measuring their step (:mod:`checkmate.stepcheck`), with no other
+    optimized module called since: the step is all the calls and their one backward, measured
+    whole, its window open until that backward ends."""
+    window = state.window
+    return (
+        window is not None
+        and not window.ended
+        and state.window_calls == _CALLS[0]
+        and any((t := r()) is not None and not t.done for r in state.pending)
+    )
 
 
 def _backward_reached(ref: weakref.ref[_Pending], grad_outputs: Any) -> None:

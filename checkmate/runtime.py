@@ -1155,7 +1155,11 @@ class Planner:
             # at the least, what the step measured beyond its plans' simulated peak (the loss
             # held beside it); measured over the budget after, it is planned again once more
             guess = self.loss_guess.pop(step)
-            planned = max((_held_bytes(self.records[i])[1] for i in graphs), default=0)
+            # the module's own part: one call's peak, beside what its earlier calls hold (calls)
+            planned = max(
+                (p + (self.calls - 1) * b for b, p, _ in (_held_bytes(self.records[i]) for i in graphs)),
+                default=0,
+            )
             self.outside[step] = max(peak - planned, 0)
             if guess - self.outside[step] > GUESS_SLACK * asked:
                 self.given_back.add(step)
@@ -1176,7 +1180,7 @@ class Planner:
                 format_bytes(asked or 0),
             )
             return None
-        alone = _measured_alone([self.records[i] for i in graphs])
+        alone = _measured_alone([self.records[i] for i in graphs]) if self.calls == 1 else None
         if not self.outside and alone is not None and peak <= STEP_SLACK * alone:
             # what its graph measured compiled, alone: its plan's own excess, which the compiled
             # check warned of (no room was planned for anything outside, so it was not quiet),
@@ -1189,7 +1193,9 @@ class Planner:
             )
             return None
         held = sum(_held_bytes(self.records[i])[0] for i in graphs)
-        beyond = max(peak - held, peak - asked + self.outside.get(step, self.loss_guess.pop(step, 0)))
+        beyond = peak - asked + self.outside.get(step, self.loss_guess.pop(step, 0))
+        if self.calls == 1:  # else the earlier calls hold more than this one's boundary
+            beyond = max(peak - held, beyond)
         if step not in self.outside or step in self.given_back:
             self.given_back.discard(step)
             self.outside[step] = beyond
