@@ -42,6 +42,7 @@ __all__ = [
     "TraceError",
     "UnplannedWarning",
     "__version__",
+    "disabled",
     "optimize",
     "plans_of",
 ]
@@ -50,6 +51,7 @@ __all__ = [
 #: CLI's torch-free ``solve``) never imports torch
 _LAZY = {
     "optimize": "checkmate.api",
+    "disabled": "checkmate.api",
     "plans_of": "checkmate.api",
     "UnplannedWarning": "checkmate.api",
     "BudgetWarning": "checkmate.runtime",

@@ -30,6 +30,7 @@ import inspect
 import os
 import random
 import sys
+import threading
 import types
 import warnings
 import weakref
@@ -49,7 +50,7 @@ from solvers.budget import BudgetSpec, format_bytes, parse_budget
 from solvers.errors import CheckmateError, TraceError
 from solvers.strategies import check_options
 
-__all__ = ["optimize", "plans_of", "CheckmateState", "UnplannedWarning"]
+__all__ = ["optimize", "plans_of", "disabled", "CheckmateState", "UnplannedWarning"]
 
 
 class UnplannedWarning(UserWarning):
@@ -122,6 +123,10 @@ class CheckmateState:
     stepped: set[tuple[Any, ...]] = field(default_factory=set)
     recompile: bool = False
     warned_outside: bool = False
+    #: a planned step was differentiated with create_graph=True, and a warning said so
+    warned_double: bool = False
+    #: thread id -> depth of :func:`disabled` blocks: that thread's calls run the original forward
+    disabled: dict[int, int] = field(default_factory=dict)
     #: the keyword arguments :func:`optimize` was called with (budget included): a copy or an
     #: unpickled module is optimized again with them
     settings: dict[str, Any] = field(default_factory=dict)
@@ -405,11 +410,44 @@ def plans_of(module: nn.Module) -> list[PlanRecord]:
     Raises:
         CheckmateError: ``module`` is no optimized module, nor wraps one.
     """
+    return list(_state_of(module, "plans_of").planner.records)
+
+
+@contextmanager
+def disabled(module: nn.Module) -> Iterator[None]:
+    """Calls of an optimized module inside the block run its original forward, unplanned:
+    eager PyTorch, with no memory bound (what they keep for their backward is held beside
+    the planned calls' too). For a call whose gradient is differentiated again (a gradient
+    penalty or R1 term computed with ``torch.autograd.grad(..., create_graph=True)``, a
+    Hessian-vector product), which torch.compile's compiled step cannot be::
+
+        with checkmate.disabled(critic):
+            penalty = gradient_penalty(critic, real, fake)
+
+    ``module`` as for :func:`plans_of`. Blocks nest, and other threads' calls are not
+    affected.
+
+    Raises:
+        CheckmateError: ``module`` is no optimized module, nor wraps one.
+    """
+    state = _state_of(module, "disabled")
+    thread = threading.get_ident()
+    state.disabled[thread] = state.disabled.get(thread, 0) + 1
+    try:
+        yield
+    finally:
+        state.disabled[thread] -= 1
+        if not state.disabled[thread]:
+            del state.disabled[thread]
+
+
+def _state_of(module: nn.Module, caller: str) -> CheckmateState:
+    """The state of the optimized module ``module`` is or wraps (see :func:`plans_of`)."""
     seen = module
     for _ in range(8):  # wrappers of wrappers: compile(DDP(optimized)), ...
         state = seen.__dict__.get(_STATE)
         if state is not None:
-            return list(state.planner.records)
+            return state  # type: ignore[no-any-return]
         inner = getattr(seen, "_orig_mod", None)
         if inner is None and isinstance(seen, nn.parallel.DistributedDataParallel | nn.DataParallel):
             inner = seen.module
@@ -417,7 +455,7 @@ def plans_of(module: nn.Module) -> list[PlanRecord]:
             break
         seen = inner
     raise CheckmateError(
-        f"plans_of: this {type(module).__name__} was not returned by checkmate.optimize, nor wraps a "
+        f"{caller}: this {type(module).__name__} was not returned by checkmate.optimize, nor wraps a "
         "module that was (torch.compile, DDP and DataParallel are looked through); pass the module "
         "optimize returned"
     )
@@ -464,7 +502,7 @@ def _warn_if_backpropagated(module: nn.Module, state: CheckmateState, out: Any) 
                 "bound. To train with dropout off or BatchNorm statistics frozen, call eval() on "
                 "those submodules and keep the model in train(); to evaluate, use torch.no_grad()",
                 UnplannedWarning,
-                stacklevel=2,
+                stacklevel=_caller_level(),
             )
 
     first.register_hook(hook)
@@ -472,6 +510,8 @@ def _warn_if_backpropagated(module: nn.Module, state: CheckmateState, out: Any) 
 
 def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     state: CheckmateState = self.__dict__[_STATE]
+    if state.disabled and state.disabled.get(threading.get_ident()):
+        return state.eager(*args, **kwargs)  # checkmate.disabled
     if not (self.training and torch.is_grad_enabled()):
         out = state.eager(*args, **kwargs)  # an outer torch.compile compiles it
         if torch.is_grad_enabled() and not state.warned_eval:
@@ -643,6 +683,7 @@ _INTERNAL = (
     os.path.dirname(os.path.abspath(nn.__file__)) + os.sep,
     os.path.dirname(os.path.abspath(torch._dynamo.__file__)) + os.sep,
     os.path.dirname(os.path.abspath(torch.optim.__file__)) + os.sep,  # a warning at the optimizer step
+    os.path.dirname(os.path.abspath(torch.autograd.__file__)) + os.sep,  # one from a backward hook
 )
 
 
@@ -690,7 +731,7 @@ def _track_pending(state: CheckmateState, out: Any, key: tuple[Any, ...]) -> Non
     for node in nodes.values():
         meta: dict[str, Any] = node.metadata  # type: ignore[assignment]  # a property; typed as a method
         meta["checkmate_pending"] = token
-        node.register_prehook(functools.partial(_backward_reached, ref))
+        node.register_prehook(functools.partial(_backward_reached, ref, weakref.ref(state)))
     state.pending.append(ref)
 
 
@@ -851,10 +892,26 @@ def _called_again_inside(state: CheckmateState) -> bool:
     )
 
 
-def _backward_reached(ref: weakref.ref[_Pending], grad_outputs: Any) -> None:
+def _backward_reached(
+    ref: weakref.ref[_Pending], state_ref: weakref.ref[CheckmateState], grad_outputs: Any
+) -> None:
     token = ref()
     if token is not None:
         token.done = True
+    if torch.is_grad_enabled():  # a backward with create_graph=True: the engine runs it in grad mode
+        state = state_ref()
+        if state is not None and not state.warned_double:
+            state.warned_double = True
+            warnings.warn(
+                "an optimized module's planned step is differentiated with create_graph=True (a gradient "
+                "penalty, an R1 term, a Hessian-vector product): torch.compile's compiled step cannot be "
+                'differentiated again, and a backward through this gradient raises "torch.compile with '
+                'aot_autograd does not currently support double backward". Run the calls whose gradient is '
+                "differentiated again under `with checkmate.disabled(model):` (the original forward, with "
+                "no memory bound)",
+                UnplannedWarning,
+                stacklevel=_caller_level(),
+            )
 
 
 def _check_reentry(module: nn.Module, state: CheckmateState) -> None:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import warnings
 from typing import Any
@@ -424,3 +425,44 @@ def test_calls_held_at_once_under_a_fraction_warn_once() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", BudgetWarning)
         _two_views(opt, x1, x2).backward()  # once per module
+
+
+def test_a_gradient_differentiated_again_warns_and_runs_under_disabled() -> None:
+    # a gradient penalty (WGAN-GP): the critic's gradient with respect to its input, taken with
+    # create_graph=True, is differentiated again, which torch.compile's compiled step cannot
+    # be; that call runs the original forward under checkmate.disabled
+    torch.manual_seed(0)
+    critic = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 1))
+    eager = copy.deepcopy(critic)
+    opt = checkmate.optimize(critic, 0.9, time_limit=TIME_LIMIT)
+    real, fake = torch.randn(256, 16), torch.randn(256, 16)
+    eps = torch.rand(256, 1)
+
+    def step(model: nn.Module, guard: Any) -> None:
+        x = (eps * real + (1 - eps) * fake).requires_grad_()
+        loss = model(fake).mean() - model(real).mean()
+        with guard(model):
+            (g,) = torch.autograd.grad(model(x).sum(), x, create_graph=True)
+        (loss + 10 * ((g.norm(2, dim=1) - 1) ** 2).mean()).backward()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", checkmate.BudgetWarning)  # calls held at once, under a fraction
+        with (
+            pytest.warns(UnplannedWarning, match="create_graph=True") as got,
+            pytest.raises(RuntimeError, match="double backward"),
+        ):
+            step(opt, lambda m: contextlib.nullcontext())
+        assert any(w.filename == __file__ for w in got)  # the line that took the gradient
+        for _ in range(2):
+            for m in (opt, eager):
+                m.zero_grad(set_to_none=True)
+            step(opt, checkmate.disabled)
+            step(eager, lambda m: contextlib.nullcontext())
+            for p, q in zip(opt.parameters(), eager.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad)
+    assert checkmate.plans_of(opt)  # the calls outside the block are planned
+    with (
+        pytest.raises(CheckmateError, match="disabled: this Sequential was not returned"),
+        checkmate.disabled(eager),
+    ):
+        pass
