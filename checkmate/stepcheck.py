@@ -14,10 +14,11 @@ accumulated: the backward of modules before it, optimized apart, is theirs). On 
 allocator's events see every allocation, and they come from a profiler: one is started at
 the forward (not when another one runs: profilers do not nest), the end of the backward is
 marked in it, and it is stopped at the next optimizer step or call of an optimized module,
-whichever comes first, or at exit. A call of the same module before the backward of its
-earlier calls (two views of a batch, a GAN's discriminator on real and fake data) is part of
-the step: the window stays open through it, to the end of their one backward. (It cannot be stopped inside the backward: autograd
-restores the profiler state it captured when the backward started.) Planning and
+whichever comes first, or at exit. (It cannot be stopped inside the backward: autograd
+restores the profiler state it captured when the backward started.) A call of the same
+module before the backward of its earlier calls (two views of a batch, a GAN's
+discriminator on real and fake data) is part of the step: the window stays open through
+it, to the end of their one backward. Planning and
 :func:`checkmate.memory.measure_peak` first abort any window still open (:func:`abort_windows`):
 they must not run inside a profiler they did not start, and the step is measured at a later
 call instead. A step over the budget has the module planned again
