@@ -36,6 +36,7 @@ from torch import nn
 import checkmate
 from checkmate.api import _STATE, _signature
 from checkmate.memory import measure_peak
+from checkmate.runtime import Planner
 from tests.integration import _models as M
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -101,8 +102,16 @@ def run(name: str, budget_name: str, n: int, seed: int, time_limit: float, ascen
     return (
         f"{name:4s} {budget_name:>8s}: {shapes} shapes, {len(planner.records)} graphs, "
         f"{planner.plans_made} plans made, new-shape call {med:.2f} s median / {sum(seconds):.1f} s total, "
-        f"worst measured/budget {worst:.3f}, errors {len(errors)} {errors[:3]}"
+        f"worst measured/budget {worst:.3f}, planned compute {_overheads(planner)}, errors {len(errors)} {errors[:3]}"
     )
+
+
+def _overheads(planner: Planner) -> str:
+    """The planned recompute overhead of the graphs run, median and worst, in percent of
+    each graph's compute (a plan reused at many shapes runs at each: a cheap first call can
+    buy a dear step)."""
+    over = sorted(100.0 * r.overhead for r in planner.records)
+    return f"+{statistics.median(over):.1f}% median / +{over[-1]:.1f}% worst" if over else "-"
 
 
 def main(argv: list[str] | None = None) -> None:

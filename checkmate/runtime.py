@@ -260,6 +260,9 @@ class Planner:
         families: a graph's structure (:func:`solvers.resize.structure`: its ops and
             edges, not its sizes) -> indices in ``records`` of the graphs of that structure
             that were planned (not reused); see :mod:`checkmate.families`.
+        ahead_ceiling: a structure -> the least keep-all peak of a graph stretched to plan
+            ahead (:func:`checkmate.families.plan_ahead`) that got no plan to keep: larger
+            stretches are not tried again (forgotten with the plans of a step compiled again).
         check_compiled: with ``"inductor"``, measure each plan compiled and replan to fit
             (:mod:`checkmate.compiled`).
         inputs: while the backend compiles, the step's tensors it was given.
@@ -322,6 +325,7 @@ class Planner:
     steps: dict[object, list[int]] = field(default_factory=dict)
     step: object = None
     families: dict[Hashable, list[int]] = field(default_factory=dict, repr=False)
+    ahead_ceiling: dict[Hashable, int | None] = field(default_factory=dict, repr=False)
     check_compiled: bool = True
     warned_unchecked: bool = field(default=False, repr=False)
     call: list[int] = field(default_factory=list, repr=False)
@@ -1229,7 +1233,9 @@ class Planner:
 
     def _forget_plans(self, step: object) -> None:
         """Take the plans of ``step``'s latest compile out of their families: made with a room
-        that was not needed, they are not to be reused when it is compiled again."""
+        that was not needed, they are not to be reused when it is compiled again; the rooms
+        change, and with them which stretches have a plan ahead."""
+        self.ahead_ceiling.clear()
         for i in self.latest.get(step, []):
             family = self.families.get(structure(self.records[i].joint.graph), [])
             if i in family:
@@ -1375,7 +1381,13 @@ class Planner:
                 solve = lambda g, b: self._shared(  # noqa: E731
                     g, b.resolve(0), lambda _: self._solved(g, b, profile_id), profile_id
                 )
-                ahead = plan_ahead(graph, ref, self.records, family, nbytes, solve)
+                # what is held beside the graph grows with its shapes (a loss on its outputs)
+                own = max(_tangent_bytes(graph), 1)
+                at_size = lambda big: nbytes - int(earlier * (_tangent_bytes(big) / own - 1))  # noqa: E731
+                shape = structure(graph)
+                ahead, self.ahead_ceiling[shape] = plan_ahead(
+                    graph, ref, self.records, family, nbytes, solve, at_size, self.ahead_ceiling.get(shape)
+                )
                 if ahead is not None:
                     return ahead, None, None
         res, asked = self._plan(graph, ref, profile_id, target, reserve)
