@@ -25,7 +25,7 @@ demo: install
 	$(BIN)/python examples/train_transformer.py
 
 test: install
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 # The torch-free core alone (what `pip install` without torch supports).
 test-solvers: install

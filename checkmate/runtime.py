@@ -1381,9 +1381,11 @@ class Planner:
                 solve = lambda g, b: self._shared(  # noqa: E731
                     g, b.resolve(0), lambda _: self._solved(g, b, profile_id), profile_id
                 )
-                # what is held beside the graph grows with its shapes (a loss on its outputs)
+                # what is held beside the graph grows with its shapes (a loss on its outputs, the
+                # other graphs of the step), but for the gradients DDP reduces (its parameters')
                 own = max(_tangent_bytes(graph), 1)
-                at_size = lambda big: nbytes - int(earlier * (_tangent_bytes(big) / own - 1))  # noqa: E731
+                growing = max(earlier - ddp_reserve(), 0)
+                at_size = lambda big: nbytes - int(growing * (_tangent_bytes(big) / own - 1))  # noqa: E731
                 shape = structure(graph)
                 ahead, self.ahead_ceiling[shape] = plan_ahead(
                     graph, ref, self.records, family, nbytes, solve, at_size, self.ahead_ceiling.get(shape)

@@ -20,7 +20,7 @@ from torch import nn
 
 import checkmate
 from checkmate.api import _STATE, _signature
-from checkmate.families import AHEAD_COST
+from checkmate.families import AHEAD_COST, FALLBACK, plan_ahead
 from checkmate.memory import measure_peak
 from checkmate.runtime import Planner
 from solvers.cost_bounds import recompute_lower_bound
@@ -162,6 +162,36 @@ def test_growing_shapes_under_a_byte_budget_plan_ahead() -> None:
         assert covered and all(planner.records[j].reused_from == i for j in covered), (i, factor)
         least = recompute_lower_bound(r.joint.graph, r.result.budget or budget)
         assert least is not None and (r.result.cost or 0) <= AHEAD_COST * least, r.summary()
+
+
+def test_a_stretch_that_got_no_plan_ahead_is_not_solved_for_again_at_a_larger_graph() -> None:
+    # each try of a stretch is a solve, up to the time limit where it has no plan: one that
+    # got none at a graph is not tried at a larger one of the family, where it is larger still
+    from types import SimpleNamespace
+
+    from solvers.errors import CheckmateError
+    from solvers.graph import Graph
+    from solvers.schedule import keep_all_peak
+
+    def sized(mem: int) -> Graph:
+        nodes = [{"key": i, "name": f"f{i}", "cost": 1.0, "mem": mem} for i in range(6)]
+        return Graph.build(nodes, [(i, i + 1) for i in range(5)])
+
+    old, mid, large = sized(100), sized(120), sized(140)
+    records = [SimpleNamespace(joint=SimpleNamespace(graph=old), reference_peak=keep_all_peak(old))]
+    tried: list[int] = []
+
+    def solve(graph: Graph, budget: object) -> object:
+        tried.append(keep_all_peak(graph))
+        raise CheckmateError("no schedule")
+
+    got, ceiling = plan_ahead(mid, keep_all_peak(mid), records, [0], 10_000, solve)  # type: ignore[arg-type]
+    assert got is None and len(tried) == 1 + len(FALLBACK)  # every stretch, each solved for
+    assert ceiling == min(tried)
+    tried.clear()
+    got, again = plan_ahead(large, keep_all_peak(large), records, [0], 10_000, solve, ceiling=ceiling)  # type: ignore[arg-type]
+    assert got is None and again == ceiling
+    assert tried == []  # 1.1x of the larger graph is larger than 1.1x of the one before
 
 
 def test_the_family_target_is_the_graphs_own_bytes_net_of_what_ddp_holds_beside_it() -> None:
