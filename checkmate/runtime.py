@@ -1638,19 +1638,9 @@ def _inductor_backend(planner: Planner) -> Callable[..., Any]:
             step: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
                 gm, list(example_inputs), inner_compile=inner, config_patches=patches
             )
-        if not partitioner.zeros_made:
-            return step
-
-        @functools.wraps(step)
-        def run(*args: Any) -> Any:
-            # the gradients of outputs the loss leaves unread stay undefined: MadeZeros makes
-            # their zeros in the backward, and leaves the gradients only they reach None
-            made_before = grad_fns(_flat(args))  # a boxed call clears its argument list
-            out = step(*args)
-            release_unused(out if isinstance(out, (list, tuple)) else (out,), made_before)
-            return out
-
-        return run
+        # the gradients of outputs the loss leaves unread stay undefined: MadeZeros makes
+        # their zeros in the backward, and leaves the gradients only they reach None
+        return _releasing(step) if partitioner.zeros_made else step
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         planner.inputs = example_inputs  # the step's tensors, for checking plans compiled
@@ -1983,20 +1973,32 @@ def _aot_backend(planner: Planner) -> Callable[..., Any]:
         rec = planner.records[-1] if len(planner.records) > before else None
         dropped = rec.joint.dropped if rec is not None else frozenset()  # outputs planned dropped
         on_held = functools.partial(planner.held, rec) if rec is not None else None
-
-        @functools.wraps(compiled)
-        def run(*args: Any) -> Any:
-            made_before = grad_fns(_flat(args))  # a boxed call clears its argument list
-            out = compiled(*args)
-            outs = out if isinstance(out, (list, tuple)) else (out,)
-            nodes = release_unused(outs, made_before)
-            if dropped and on_held is not None:
-                watch_held(nodes, outs, dropped, on_held)
-            return out
-
-        return run
+        return _releasing(compiled, dropped, on_held)
 
     return compile_graph
+
+
+def _releasing(
+    step: Callable[..., Any],
+    dropped: frozenset[tuple[tuple[int, ...], torch.dtype]] = frozenset(),
+    on_held: Callable[..., Any] | None = None,
+) -> Callable[..., Any]:
+    """``step`` (a compiled forward's function), after which the outputs' gradients the loss
+    leaves unread stay undefined (:func:`checkmate.tangents.release_unused`), and outputs
+    planned ``dropped`` at the backward's start are watched (``on_held`` when one is still
+    held there, :func:`checkmate.tangents.watch_held`)."""
+
+    @functools.wraps(step)
+    def run(*args: Any) -> Any:
+        made_before = grad_fns(_flat(args))  # a boxed call clears its argument list
+        out = step(*args)
+        outs = out if isinstance(out, (list, tuple)) else (out,)
+        nodes = release_unused(outs, made_before)
+        if dropped and on_held is not None:
+            watch_held(nodes, outs, dropped, on_held)
+        return out
+
+    return run
 
 
 def _flat(args: tuple[Any, ...]) -> Sequence[Any]:

@@ -4,6 +4,7 @@ device profiles, plans with ``profile="h100"`` and installs the ``checkmate`` co
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import site
 import subprocess
@@ -64,6 +65,14 @@ _CHILD = textwrap.dedent(
 )
 
 
+def _run(*args: object, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run`` without ``PYTHONPATH``: a checkout on it (and its ``*.egg-info``)
+    would be imported in place of the installed copy, and pip would take the wheel as
+    installed already."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run(*args, env=env, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+
 def test_the_built_wheel_ships_the_profiles_and_plans_with_h100(tmp_path: Path) -> None:
     wheels, src = tmp_path / "wheels", tmp_path / "src"
     # built from a copy: an in-tree build/ left by an earlier build could ship stale modules
@@ -73,7 +82,7 @@ def test_the_built_wheel_ships_the_profiles_and_plans_with_h100(tmp_path: Path) 
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, src / name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(
+    _run(
         [*pip, "wheel", str(src), "--no-deps", "--no-build-isolation", "-w", str(wheels)],
         check=True,
         capture_output=True,
@@ -83,10 +92,10 @@ def test_the_built_wheel_ships_the_profiles_and_plans_with_h100(tmp_path: Path) 
     # dependencies (torch, numpy, highspy, ...) come from this interpreter's site-packages
     # through a .pth file, which adds them to the path but not the editable install's finder
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
     site_dir = Path(
-        subprocess.run(
+        _run(
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
             check=True,
             capture_output=True,
@@ -94,15 +103,16 @@ def test_the_built_wheel_ships_the_profiles_and_plans_with_h100(tmp_path: Path) 
         ).stdout.strip()
     )
     (site_dir / "_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    subprocess.run(
-        [*pip, "--python", str(python), "install", "--no-deps", str(wheel)], check=True, capture_output=True
-    )
+    # --ignore-installed: a copy installed where the .pth points (pip install ., not -e) is
+    # not this venv's, and must not stop the wheel's install into it
+    install = [*pip, "--python", str(python), "install", "--no-deps", "--ignore-installed", str(wheel)]
+    _run(install, check=True, capture_output=True)
     assert (site_dir / "solvers" / "_profiles" / "h100.json").is_file()  # a copy, not the link
     assert not (site_dir / "solvers" / "_profiles").is_symlink()
     # run from an empty folder so the source tree is not importable
     work = tmp_path / "work"
     work.mkdir()
-    out = subprocess.run(
+    out = _run(
         [str(python), "-c", _CHILD, str(site_dir)], cwd=work, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
@@ -111,7 +121,7 @@ def test_the_built_wheel_ships_the_profiles_and_plans_with_h100(tmp_path: Path) 
     # the console script of the installed copy plans a saved graph with the shipped profile
     graph = work / "chain.json"
     cli = [str(venv / "bin" / "checkmate"), "solve", str(graph), "-b", "1.0", "-s", "poet", "-q"]
-    res = subprocess.run(
+    res = _run(
         [*cli, "-O", "profile=h100", "-o", str(work / "p.json")], cwd=work, capture_output=True, text=True
     )
     assert res.returncode == 0, res.stdout + res.stderr
