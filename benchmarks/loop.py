@@ -128,9 +128,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     names = [m for m in args.only.split(",") if m] or list(MODELS)
     lines = []
-    runs = [(name, b, args.ascending) for name in names for b in args.budgets.split(",")]
-    if not args.ascending:  # where planning ahead matters: each shape larger than all before
-        runs += [(name, "bytes", True) for name in names if "bytes" in args.budgets.split(",")]
+    budgets = args.budgets.split(",")
+    runs = [(name, b, args.ascending) for name in names for b in budgets]
+    if not args.ascending and "bytes" in budgets:  # where planning ahead matters: each shape larger
+        runs += [(name, "bytes", True) for name in names]
     for name, b, ascending in runs:
         line = run(name, b, args.shapes, args.seed, args.time_limit, ascending)
         lines.append(f"{line}{', ascending' if ascending and not args.ascending else ''}")

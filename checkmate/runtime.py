@@ -1356,7 +1356,8 @@ class Planner:
         """
         graph = jg.graph
         ref = keep_all_peak(graph)  # what fractions refer to: simulated once per graph
-        family = self.families.get(structure(graph), [])
+        shape = structure(graph)
+        family = self.families.get(shape, [])
         budget = self.budget
         # DDP's gradient buckets, FSDP2's unsharded parameters: live beside the graph
         reserve = ddp_reserve() + fsdp_reserve() + earlier
@@ -1386,7 +1387,6 @@ class Planner:
                 own = max(_tangent_bytes(graph), 1)
                 growing = max(earlier - ddp_reserve(), 0)
                 at_size = lambda big: nbytes - int(growing * (_tangent_bytes(big) / own - 1))  # noqa: E731
-                shape = structure(graph)
                 ahead, self.ahead_ceiling[shape] = plan_ahead(
                     graph, ref, self.records, family, nbytes, solve, at_size, self.ahead_ceiling.get(shape)
                 )
