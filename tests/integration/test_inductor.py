@@ -79,7 +79,7 @@ def test_inductor_step_matches_torch_compile_within_the_budget(
     with warnings.catch_warnings():
         warnings.simplefilter("error", BudgetWarning)
         opt = checkmate.optimize(
-            copy.deepcopy(model), fraction, compiler="inductor", time_limit=20, profile="cpu"
+            copy.deepcopy(model), fraction, compiler="inductor", time_limit=8, profile="cpu"
         )
     grads = _grads(opt, x)
     _assert_close(grads, ref_grads)
@@ -131,7 +131,7 @@ def test_inductor_asks_the_plans_fusion_rule_in_the_forward_and_the_backward(
     # or an earlier test's compile of the same plan, would leave them cache hits)
     with pytest.warns(BudgetWarning), torch._inductor.config.patch(force_disable_caches=True):
         opt = checkmate.optimize(
-            copy.deepcopy(model), 0.5, compiler="inductor", time_limit=20, check_peak=False
+            copy.deepcopy(model), 0.5, compiler="inductor", time_limit=5, check_peak=False
         )
         _grads(opt, x)
     assert len(asked) >= 2, (
@@ -170,7 +170,7 @@ def test_a_budget_below_every_simulated_schedule_is_held_when_the_compiled_step_
     ref_grads = grads(ref)
     compiled_peak = measure_peak(lambda: grads(ref), method="allocator")
     budget = int(1.5 * compiled_peak)
-    opt = checkmate.optimize(copy.deepcopy(model), budget, compiler="inductor", time_limit=20, profile="cpu")
+    opt = checkmate.optimize(copy.deepcopy(model), budget, compiler="inductor", time_limit=8, profile="cpu")
     _assert_close(grads(opt), ref_grads)
     (rec,) = checkmate.plans_of(opt)
     assert rec.result.peak is not None and rec.result.peak > budget  # the model's verdict, overruled
@@ -182,7 +182,7 @@ def test_a_budget_below_every_simulated_schedule_is_held_when_the_compiled_step_
     # error, with what the compiled step measured
     with pytest.raises(checkmate.InfeasibleBudgetError) as info:
         low = checkmate.optimize(
-            copy.deepcopy(model), compiled_peak // 2, compiler="inductor", time_limit=20, profile="cpu"
+            copy.deepcopy(model), compiled_peak // 2, compiler="inductor", time_limit=8, profile="cpu"
         )
         grads(low)
     assert any("the step measured" in n for n in getattr(info.value, "__notes__", []))
