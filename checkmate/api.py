@@ -799,6 +799,7 @@ def _measure_until_backward(module: nn.Module, state: CheckmateState, key: tuple
     if window is None or not nodes:
         _close_window(state)
         return
+    window.mark_forward_end()  # from here to the backward's start, code outside the module runs
     params = [p for p in module.parameters() if p.requires_grad] if not window.handles else []
     handles: list[Any] = []  # a later call of the step (calls held at once): the first's hooks end it
     left = [len(params)]
@@ -814,6 +815,7 @@ def _measure_until_backward(module: nn.Module, state: CheckmateState, key: tuple
     window.handles = window.handles or handles
 
     def reached(grad_outputs: Any) -> None:  # a parameter without a gradient: the backward's end
+        window.mark_backward_start()
         if not window.ended and not window.queued:
             window.queued = True
             torch.autograd.Variable._execution_engine.queue_callback(window.mark_end)
@@ -850,7 +852,7 @@ def _close_window(state: CheckmateState) -> None:
             state.stepped.discard(key)
             state.recompile = True
         return
-    verdict = state.planner.check_step(key, peak)
+    verdict = state.planner.check_step(key, peak, window.boundary)
     if verdict == "replan":
         state.stepped.discard(key)
         state.recompile = True

@@ -138,33 +138,57 @@ def _allocator_peak(prof: torch.profiler.profile, until: str | None = None) -> t
     earlier measurement would otherwise lower the count below what the code itself held
     (a CI run measured a step at a third of its true peak that way).
     """
+    peak, final, _ = _allocator_peaks(prof, until)
+    return peak, final
+
+
+def _allocator_peaks(
+    prof: torch.profiler.profile, until: str | None = None, between: tuple[str, str] | None = None
+) -> tuple[int, int, int | None]:
+    """:func:`_allocator_peak`, and the peak of the running sum from the last mark named
+    ``between[0]`` before the first named ``between[1]`` to that one (None where either
+    is missing)."""
     results = prof.profiler.kineto_results if prof.profiler is not None else None
     if results is None:
-        return 0, 0
+        return 0, 0, None
     events: list[tuple[int, int, int, int]] = []  # (time, order, ptr, bytes), CPU only
+    marks: dict[str, list[int]] = {}
+    names = {until, *(between or ())} - {None}
     stack = list(reversed(results.experimental_event_tree()))
-    end: int | None = None
     while stack:  # depth first, in the recorded order
         e = stack.pop()
         stack.extend(reversed(e.children))
-        if until is not None and e.name == until and (end is None or e.start_time_ns < end):
-            end = e.start_time_ns
+        if e.name in names:
+            marks.setdefault(e.name, []).append(e.start_time_ns)
         fields = e.extra_fields
         if isinstance(fields, _ExtraFields_Allocation) and fields.device.type == "cpu" and fields.alloc_size:
             events.append((e.start_time_ns, len(events), fields.ptr, fields.alloc_size))
     events.sort()
-    if end is not None:
+    if until is not None and until in marks:
+        end = min(marks[until])
         events = [ev for ev in events if ev[0] <= end]
+    span: tuple[int, int] | None = None
+    if between is not None and between[1] in marks:
+        stop = min(marks[between[1]])
+        starts = [t for t in marks.get(between[0], ()) if t <= stop]
+        span = (max(starts), stop) if starts else None
     live: dict[int, int] = {}
     current = peak = 0
-    for _, _, ptr, nbytes in events:
+    inside: int | None = None
+    for at, _, ptr, nbytes in events:
+        if span is not None and inside is None and at >= span[0]:
+            inside = current  # live when the span opens
         if nbytes > 0:
             live[ptr] = live.get(ptr, 0) + nbytes
             current += nbytes
             peak = max(peak, current)
         elif ptr in live:
             current -= live.pop(ptr)
-    return peak, current
+        if span is not None and inside is not None and at <= span[1]:
+            inside = max(inside, current)
+    if span is not None and inside is None:  # no event after the span opened
+        inside = current
+    return peak, current, inside
 
 
 class _StorageCounter:

@@ -273,6 +273,11 @@ class Planner:
             graph of the step is planned with that much room beside it, and a step not
             measured yet with as much per byte of its outputs' gradients as the most any
             step measured.
+        outside_boundary: step signature -> bytes more than ``outside`` that code outside the
+            module held at the step's forward/backward boundary, where it runs (a loss on the
+            outputs), as measured; each graph of the step is planned holding that much less
+            there (:attr:`solvers.budget.Budget.boundary`), scaled for steps not measured yet
+            as ``outside`` is.
         loss_guess: step signature -> the room its last graph was planned with, before any
             step of the module was measured whole, for a loss computed on its outputs outside
             the module (:func:`_loss_room`), until :meth:`check_step` measures what is held.
@@ -336,6 +341,7 @@ class Planner:
     inputs: Sequence[Any] | None = field(default=None, repr=False)
     latest: dict[object, list[int]] = field(default_factory=dict, repr=False)
     outside: dict[object, int] = field(default_factory=dict, repr=False)
+    outside_boundary: dict[object, int] = field(default_factory=dict, repr=False)
     loss_guess: dict[object, int] = field(default_factory=dict, repr=False)
     given_back: set[object] = field(default_factory=set, repr=False)
     input_shapes: frozenset[tuple[int, ...]] = field(default=frozenset(), repr=False)
@@ -1030,7 +1036,9 @@ class Planner:
         at_boundary, beside = self._later_room(jg.graph, profile_id)
         if self.calls > 1 and self.budget.nbytes is not None:  # the module's other calls beside it
             return self._solve_beside_calls(jg, profile_id, base + beside)
-        extra = at_boundary - beside  # room the boundary needs beyond what the whole run leaves
+        # room the boundary needs beyond what the whole run leaves: for the graphs after this
+        # one, and for code outside the module (measured there: check_step)
+        extra = at_boundary - beside + self._outside_room(jg.graph, self.outside_boundary)
         tries: list[tuple[int, int | None]] = [(base + beside, extra)] if extra > 0 else []
         tries.append((base + beside, None))
         tried: set[tuple[int, int | None]] = set()
@@ -1129,29 +1137,36 @@ class Planner:
         net = max((self.budget.nbytes or 0) - ddp_reserve() - fsdp_reserve(), 0)
         return net * (self.calls - 1) // self.calls
 
-    def _outside_room(self, graph: Graph) -> int:
+    def _outside_room(self, graph: Graph, held: dict[object, int] | None = None) -> int:
         """Under a byte budget, the bytes code outside the module held beside this step as
-        measured (:meth:`check_step`); for a step not measured yet, that per byte of its
-        outputs' gradients, at the most any step measured."""
-        if self.budget.nbytes is None or not self.outside:
+        measured (:meth:`check_step`; ``held``: another of its measures, ``outside`` by
+        default); for a step not measured yet, that per byte of its outputs' gradients, at
+        the most any step measured."""
+        held = self.outside if held is None else held
+        if self.budget.nbytes is None or not held:
             return 0
-        if self.step in self.outside:
-            return self.outside[self.step]
+        if self.step in held:
+            return held[self.step]
         rates = [
             room / grads
-            for step, room in self.outside.items()
+            for step, room in held.items()
             if (grads := sum(_tangent_bytes(self.records[i].joint.graph) for i in self.latest.get(step, ())))
         ]
         return int(max(rates, default=0.0) * _tangent_bytes(graph))
 
-    def check_step(self, step: object, peak: int) -> str | None:
+    def check_step(self, step: object, peak: int, boundary: int | None = None) -> str | None:
         """The verdict on a training step measured whole (:mod:`checkmate.stepcheck`) at
-        ``peak`` bytes: None when it is within the byte budget, or when it measured what its
-        one graph measured compiled alone (over the budget by the plan's own excess, which
-        the compiled check warned of: nothing is held outside); ``"replan"`` when it is not,
-        the first time for this step: the bytes beyond what its plans hold at their
-        forward/backward boundary are held outside the module (``outside``), and the step is
-        to be compiled again with that room; else the warning to give."""
+        ``peak`` bytes (``boundary``: its peak from the forward's return to the backward's
+        start, where a loss outside the module runs, when measured): None when it is within
+        the byte budget, or when it measured what its one graph measured compiled alone
+        (over the budget by the plan's own excess, which the compiled check warned of:
+        nothing is held outside); ``"replan"`` when it is not, the first time for this step:
+        the bytes beyond what its plans hold at their forward/backward boundary are held
+        outside the module (``outside``), and the step is to be compiled again with that
+        room; else the warning to give. A step planned with a guessed room for a loss that
+        measured well within the budget is compiled again with the room measured: beside
+        the whole step, what was held beside its plans' peak; at its boundary, what was
+        held there (``outside_boundary``)."""
         asked = self.budget.nbytes
         graphs = self.latest.get(step, [])
         if asked is not None and peak <= STEP_SLACK * asked and step in self.loss_guess:
@@ -1165,23 +1180,33 @@ class Planner:
                 default=0,
             )
             self.outside[step] = max(peak - planned, 0)
+            if boundary is not None and self.calls == 1:
+                # what it held between the forward and the backward (where the loss runs) beyond
+                # the plans' boundary: room there only. Planned again without it, a TinyTransformer
+                # whose loss is outside, at 0.6 of eager's peak (0 B beside its plan's peak, 1.0
+                # MiB at its boundary), stepped at 1.021x the budget
+                held = sum(_held_bytes(self.records[i])[0] for i in graphs)
+                self.outside_boundary[step] = max(boundary - held - self.outside[step], 0)
             if guess - self.outside[step] > GUESS_SLACK * asked:
                 self.given_back.add(step)
                 self._forget_plans(step)
                 log.info(
                     "the training step measured %s of its budget of %s, planned with %s of room for a loss "
-                    "outside the module where about %s is held: compiling it again at the next call",
+                    "outside the module where about %s is held (%s more between its forward and backward): "
+                    "compiling it again at the next call",
                     format_bytes(peak),
                     format_bytes(asked),
                     format_bytes(guess),
                     format_bytes(self.outside[step]),
+                    format_bytes(self.outside_boundary.get(step, 0)),
                 )
                 return "replan"
         if asked is None or peak <= STEP_SLACK * asked:
             log.info(
-                "the training step measured %s of its budget of %s",
+                "the training step measured %s of its budget of %s%s",
                 format_bytes(peak),
                 format_bytes(asked or 0),
+                "" if boundary is None else f" ({format_bytes(boundary)} between its forward and backward)",
             )
             return None
         alone = _measured_alone([self.records[i] for i in graphs]) if self.calls == 1 else None
@@ -1202,7 +1227,8 @@ class Planner:
             beyond = max(peak - held, beyond)
         if step not in self.outside or step in self.given_back:
             self.given_back.discard(step)
-            self.outside[step] = beyond
+            self.outside[step] = beyond  # at least what it held at the boundary, beyond the plans'
+            self.outside_boundary.pop(step, None)
             log.info(
                 "the training step measured %s, over its budget of %s: about %s is held outside the "
                 "module between its forward and backward; compiling it again at the next call with that room",
@@ -1228,6 +1254,7 @@ class Planner:
         if self.loss_guess.pop(step, None) is None:
             return False
         self.outside[step] = 0
+        self.outside_boundary.pop(step, None)
         self._forget_plans(step)
         return True
 

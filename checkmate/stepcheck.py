@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from checkmate.memory import _allocator_peak
+from checkmate.memory import _allocator_peaks
 
 __all__ = ["STEP_SLACK", "StepWindow", "abort_windows", "open_window"]
 
@@ -43,6 +43,10 @@ STEP_SLACK = 1.02
 
 #: the name of the profiler mark at the end of the measured backward
 _END = "checkmate::step_end"
+#: the names of the marks around the step's forward/backward boundary: where the module's
+#: forward returned (its last call's) and where the backward reached its outputs
+_FORWARD_END = "checkmate::forward_end"
+_BACKWARD_START = "checkmate::backward_start"
 
 
 @dataclass(eq=False)  # identity: held in a weak set
@@ -54,10 +58,36 @@ class StepWindow:
     profiler: torch.profiler.profile | None = None
     cuda_before: int = 0
     cuda_peak: int | None = None
+    #: the bytes live beyond the start's from the forward's return to the backward reaching the
+    #: module's outputs, where code outside the module (a loss on its outputs) runs: on the
+    #: CPU their peak there, on CUDA those live as the backward reaches the outputs (the peak
+    #: statistics are not reset mid-step: a user's own reading of them stays the step's);
+    #: set by :meth:`close`, None where the marks are missing
+    boundary: int | None = None
+    started_backward: bool = False
     ended: bool = False
     queued: bool = False
     aborted: bool = False
     handles: list[Any] = field(default_factory=list)
+
+    def mark_forward_end(self) -> None:
+        """The module's forward has returned (the last call's, when called again before the
+        backward: a later mark replaces an earlier one)."""
+        if self.started_backward or self.ended or self.device == "cuda":
+            return
+        with torch.profiler.record_function(_FORWARD_END):
+            pass
+
+    def mark_backward_start(self) -> None:
+        """The backward has reached the module's outputs (from an autograd pre-hook)."""
+        if self.started_backward or self.ended:
+            return
+        self.started_backward = True
+        if self.device == "cuda":
+            self.boundary = int(torch.cuda.memory_allocated()) - self.cuda_before
+        else:
+            with torch.profiler.record_function(_BACKWARD_START):
+                pass
 
     def mark_end(self) -> None:
         """The backward that reaches the module has ended (from an autograd callback)."""
@@ -99,7 +129,8 @@ class StepWindow:
         prof.__exit__(None, None, None)
         if not self.ended or self.aborted:
             return None
-        return _allocator_peak(prof, until=_END)[0]
+        peak, _, self.boundary = _allocator_peaks(prof, until=_END, between=(_FORWARD_END, _BACKWARD_START))
+        return peak
 
 
 #: the windows open in this process, held here until closed: a profiler dropped unstopped

@@ -234,3 +234,29 @@ def test_compiled_code_runs_compiled_under_the_storages_tracker() -> None:
     assert t2.peak >= 32 * 64 * 4
     compiled(x).sum().backward()
     assert calls == [1, 1, 1]  # and still runs compiled afterwards
+
+
+def test_the_peak_between_two_marks_is_measured_from_what_was_live_at_the_first() -> None:
+    # the step check's bytes between the forward's return and the backward's start
+    # (checkmate.stepcheck): the peak from the last mark of the first name before the first
+    # mark of the second, counting what was live when it opened
+    from checkmate.memory import _allocator_peaks
+
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+    with prof:
+        a = _bytes(1 * MB)
+        with torch.profiler.record_function("open"):
+            pass
+        b = _bytes(8 * MB)  # before the last "open": not in the span
+        del b
+        with torch.profiler.record_function("open"):
+            pass
+        c = _bytes(2 * MB)  # 3 MB live: the span's peak
+        del c
+        with torch.profiler.record_function("shut"):
+            pass
+        d = _bytes(4 * MB)  # after the span: 5 MB live
+        del a, d
+    peak, final, between = _allocator_peaks(prof, between=("open", "shut"))
+    assert (peak, final, between) == (9 * MB, 0, 3 * MB)
+    assert _allocator_peaks(prof, between=("open", "missing"))[2] is None
