@@ -852,7 +852,7 @@ def _close_window(state: CheckmateState) -> None:
             state.stepped.discard(key)
             state.recompile = True
         return
-    verdict = state.planner.check_step(key, peak, window.boundary)
+    verdict = state.planner.check_step(key, peak, window.boundary, window.apart)
     if verdict == "replan":
         state.stepped.discard(key)
         state.recompile = True

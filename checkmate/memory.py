@@ -138,19 +138,20 @@ def _allocator_peak(prof: torch.profiler.profile, until: str | None = None) -> t
     earlier measurement would otherwise lower the count below what the code itself held
     (a CI run measured a step at a third of its true peak that way).
     """
-    peak, final, _ = _allocator_peaks(prof, until)
+    peak, final, _, _ = _allocator_peaks(prof, until)
     return peak, final
 
 
 def _allocator_peaks(
     prof: torch.profiler.profile, until: str | None = None, between: tuple[str, str] | None = None
-) -> tuple[int, int, int | None]:
-    """:func:`_allocator_peak`, and the peak of the running sum from the last mark named
-    ``between[0]`` before the first named ``between[1]`` to that one (None where either
-    is missing)."""
+) -> tuple[int, int, int | None, int | None]:
+    """:func:`_allocator_peak`; with ``between``, the peak of the running sum over the span
+    from the last mark named ``between[0]`` before the first named ``between[1]`` to that
+    one (counting what was live when it opened), and its peak outside that span (both None
+    where either mark is missing)."""
     results = prof.profiler.kineto_results if prof.profiler is not None else None
     if results is None:
-        return 0, 0, None
+        return 0, 0, None, None
     events: list[tuple[int, int, int, int]] = []  # (time, order, ptr, bytes), CPU only
     marks: dict[str, list[int]] = {}
     names = {until, *(between or ())} - {None}
@@ -173,7 +174,7 @@ def _allocator_peaks(
         starts = [t for t in marks.get(between[0], ()) if t <= stop]
         span = (max(starts), stop) if starts else None
     live: dict[int, int] = {}
-    current = peak = 0
+    current = peak = apart = 0
     inside: int | None = None
     for at, _, ptr, nbytes in events:
         if span is not None and inside is None and at >= span[0]:
@@ -184,11 +185,13 @@ def _allocator_peaks(
             peak = max(peak, current)
         elif ptr in live:
             current -= live.pop(ptr)
-        if span is not None and inside is not None and at <= span[1]:
-            inside = max(inside, current)
-    if span is not None and inside is None:  # no event after the span opened
-        inside = current
-    return peak, current, inside
+        if span is not None and span[0] <= at <= span[1]:
+            inside = max(inside or 0, current)
+        else:
+            apart = max(apart, current)
+    if span is None:
+        return peak, current, None, None
+    return peak, current, current if inside is None else inside, apart
 
 
 class _StorageCounter:

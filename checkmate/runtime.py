@@ -1154,10 +1154,13 @@ class Planner:
         ]
         return int(max(rates, default=0.0) * _tangent_bytes(graph))
 
-    def check_step(self, step: object, peak: int, boundary: int | None = None) -> str | None:
+    def check_step(
+        self, step: object, peak: int, boundary: int | None = None, apart: int | None = None
+    ) -> str | None:
         """The verdict on a training step measured whole (:mod:`checkmate.stepcheck`) at
         ``peak`` bytes (``boundary``: its peak from the forward's return to the backward's
-        start, where a loss outside the module runs, when measured): None when it is within
+        start, where a loss outside the module runs, and ``apart``, its peak outside that
+        span, where the module runs, when measured): None when it is within
         the byte budget, or when it measured what its one graph measured compiled alone
         (over the budget by the plan's own excess, which the compiled check warned of:
         nothing is held outside); ``"replan"`` when it is not, the first time for this step:
@@ -1165,8 +1168,8 @@ class Planner:
         outside the module (``outside``), and the step is to be compiled again with that
         room; else the warning to give. A step planned with a guessed room for a loss that
         measured well within the budget is compiled again with the room measured: beside
-        the whole step, what was held beside its plans' peak; at its boundary, what was
-        held there (``outside_boundary``)."""
+        the whole step, what was held beside its plans' peak while the module ran
+        (``apart``); at its boundary, what was held there (``outside_boundary``)."""
         asked = self.budget.nbytes
         graphs = self.latest.get(step, [])
         if asked is not None and peak <= STEP_SLACK * asked and step in self.loss_guess:
@@ -1179,7 +1182,9 @@ class Planner:
                 (p + (self.calls - 1) * b for b, p, _ in (_held_bytes(self.records[i]) for i in graphs)),
                 default=0,
             )
-            self.outside[step] = max(peak - planned, 0)
+            # beside the module's run (the loss's bytes at the boundary are not: below)
+            running = peak if apart is None or boundary is None or self.calls > 1 else apart
+            self.outside[step] = max(running - planned, 0)
             if boundary is not None and self.calls == 1:
                 # what it held between the forward and the backward (where the loss runs) beyond
                 # the plans' boundary: room there only. Planned again without it, a TinyTransformer

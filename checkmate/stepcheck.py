@@ -64,6 +64,9 @@ class StepWindow:
     #: statistics are not reset mid-step: a user's own reading of them stays the step's);
     #: set by :meth:`close`, None where the marks are missing
     boundary: int | None = None
+    #: on the CPU, the step's peak outside that span, where the module's forward or backward
+    #: runs (None on CUDA, or where the marks are missing); set by :meth:`close`
+    apart: int | None = None
     started_backward: bool = False
     ended: bool = False
     queued: bool = False
@@ -129,7 +132,8 @@ class StepWindow:
         prof.__exit__(None, None, None)
         if not self.ended or self.aborted:
             return None
-        peak, _, self.boundary = _allocator_peaks(prof, until=_END, between=(_FORWARD_END, _BACKWARD_START))
+        between = (_FORWARD_END, _BACKWARD_START)
+        peak, _, self.boundary, self.apart = _allocator_peaks(prof, until=_END, between=between)
         return peak
 
 
