@@ -1183,7 +1183,7 @@ class Planner:
                 default=0,
             )
             # beside the module's run (the loss's bytes at the boundary are not: below)
-            running = peak if apart is None or boundary is None or self.calls > 1 else apart
+            running = apart if apart is not None and self.calls == 1 else peak
             self.outside[step] = max(running - planned, 0)
             if boundary is not None and self.calls == 1:
                 # what it held between the forward and the backward (where the loss runs) beyond
