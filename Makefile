@@ -106,7 +106,7 @@ bench-predict: install
 
 # compiler="inductor" on 12 small Hugging Face models (decoders, encoders, T5, ViT, ConvNeXt) at 0.6 of
 # eager's step peak: budget held, gradients against eager, first-call seconds with empty Inductor caches,
-# written to benchmarks/results/zoo_inductor.md (~15 min on 2 cores).
+# written to benchmarks/results/zoo_inductor.md (~12 min on 2 cores).
 bench-zoo-inductor: install
 	$(BIN)/python -m benchmarks.zoo_inductor --fresh-cache $(BENCH_ARGS)
 

@@ -13,6 +13,8 @@ off, so that its gradients can be compared with eager's:
 - first s: ``optimize`` + the first step (trace, plan, the compiled check, compile); new
   shape s: the first step of the short batch; Inductor's caches as the machine has them
   (``--fresh-cache`` points Inductor at an empty cache directory first);
+- compiled: the plans compiled by Inductor, of all the plans made; a graph no compiled plan
+  fits runs uncompiled (:class:`~checkmate.CompilerFallbackWarning`);
 - warnings: the :class:`~checkmate.BudgetWarning` texts, when there were any.
 
 A row is ``ok`` when both peaks are within the budget and the gradients within the tolerance;
@@ -144,6 +146,8 @@ class Row:
     first_s: float | None = None
     new_shape_s: float | None = None
     warned: str = ""
+    plans: int | None = None  # plans made (both batch shapes)
+    compiled: int | None = None  # of them, compiled by Inductor (the others fell back, uncompiled)
 
     @property
     def over(self) -> bool:
@@ -212,6 +216,8 @@ def measure(name: str, build: Callable[[], nn.Module], kind: str, share: float, 
                 opt(xs, ys).backward()
             opt.zero_grad(set_to_none=True)
             row.short_peak = measure_peak(lambda: opt(xs, ys).backward())
+        records = checkmate.plans_of(opt)
+        row.plans, row.compiled = len(records), sum(r.compiler == "inductor" for r in records)
         texts = [str(w.message) for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
         row.warned = " | ".join(dict.fromkeys(t.split("; ")[0][:200] for t in texts))
         row.status = status(row)
@@ -237,10 +243,11 @@ def render(rows: list[Row], share: float, seconds: float, command: str) -> str:
         f"peak, in bytes. Peak = allocator-measured peak of the optimized step over the budget; short = "
         f"a last batch of {SHORT}. Grad err = max abs gradient difference from eager / max |gradient| "
         f"(tolerance {GRAD_TOL:g}). First = optimize + first step (trace, plan, the compiled check, "
-        "compile), s; new shape = the short batch's first step, s.",
+        "compile), s; new shape = the short batch's first step, s. Compiled = plans compiled by Inductor, "
+        "of the plans made (a graph no compiled plan fits runs uncompiled, with a CompilerFallbackWarning).",
         "",
-        "| model | eager peak MiB | budget MiB | peak | short batch | grad err | first s | new shape s | status |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | eager peak MiB | budget MiB | peak | short batch | grad err | first s | new shape s | compiled | status |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         mib = lambda v: "-" if v is None else f"{v / 2**20:.2f}"  # noqa: E731
@@ -248,13 +255,19 @@ def render(rows: list[Row], share: float, seconds: float, command: str) -> str:
             f"| {r.model} | {mib(r.eager_peak)} | {mib(r.budget)} | {_x(r.peak, r.budget)} | "
             f"{_x(r.short_peak, r.budget)} | {'-' if r.grad_err is None else f'{r.grad_err:.1e}'} | "
             f"{'-' if r.first_s is None else f'{r.first_s:.0f}'} | "
-            f"{'-' if r.new_shape_s is None else f'{r.new_shape_s:.0f}'} | {r.status} |"
+            f"{'-' if r.new_shape_s is None else f'{r.new_shape_s:.0f}'} | "
+            f"{'-' if r.plans is None else f'{r.compiled} of {r.plans}'} | {r.status} |"
         )
     warned = [r for r in rows if r.warned]
     if warned:
         lines += ["", "BudgetWarnings:", ""] + [f"- {r.model}: {r.warned}" for r in warned]
     ok = sum(r.status == "ok" for r in rows)
-    lines += ["", f"{ok} of {len(rows)} models held the budget with eager's gradients."]
+    whole = sum(r.plans is not None and r.plans > 0 and r.compiled == r.plans for r in rows)
+    lines += [
+        "",
+        f"{ok} of {len(rows)} models held the budget with eager's gradients; "
+        f"{whole} of {len(rows)} ran every plan compiled by Inductor.",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -27,7 +27,15 @@ def test_a_row_is_ok_only_within_the_budget_and_the_gradient_tolerance() -> None
 def test_the_report_counts_the_rows_that_held_and_quotes_the_warnings() -> None:
     rows = [
         Row(
-            "a", budget=2**20, eager_peak=2**21, peak=2**20 - 1, short_peak=2**19, grad_err=1e-7, first_s=3.0
+            "a",
+            budget=2**20,
+            eager_peak=2**21,
+            peak=2**20 - 1,
+            short_peak=2**19,
+            grad_err=1e-7,
+            first_s=3.0,
+            plans=2,
+            compiled=1,
         ),
         Row(
             "b",
@@ -39,6 +47,8 @@ def test_the_report_counts_the_rows_that_held_and_quotes_the_warnings() -> None:
     ]
     rows[0].status = status(rows[0])
     text = render(rows, 0.6, 60.0, "python -m benchmarks.zoo_inductor")
-    assert "| a | 2.00 | 1.00 | 1.000x | 0.500x | 1.0e-07 | 3 | - | ok |" in text
+    assert "| a | 2.00 | 1.00 | 1.000x | 0.500x | 1.0e-07 | 3 | - | 1 of 2 | ok |" in text
+    assert "| b | - | 1.00 | 1.000x | - | - | - | - | - | over the budget, warned |" in text
     assert "- b: graph 0: over its budget" in text
-    assert "1 of 2 models held the budget" in text
+    # a plan that fell back uncompiled is said, though the row held its budget
+    assert "1 of 2 models held the budget with eager's gradients; 0 of 2 ran every plan compiled" in text
