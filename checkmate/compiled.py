@@ -36,6 +36,7 @@ import torch.fx as fx
 from checkmate.codegen import SplitModules
 from checkmate.eager import real_tensors
 from checkmate.memory import MemoryTracker
+from checkmate.tangents import zeros_strided
 
 __all__ = ["Calibration", "ProfilerRunning", "Round", "calibrate", "compiled_peak"]
 
@@ -274,7 +275,13 @@ def compiled_peak(
                 # strides. Made from op timing's pool, each was a clone of a buffer as large,
                 # both live at the boundary: a Llama's 1 MiB logits made the check measure its
                 # step 0.88 MiB over what the step then measured
-                tangents = [_tangent(n.meta.get("val")) for n in tangent_ph]
+                vals = [n.meta.get("val") for n in tangent_ph]
+                tangents = [
+                    zeros_strided(tuple(v.shape), tuple(v.stride()), v.dtype, v.device)
+                    if isinstance(v, torch.Tensor)
+                    else v
+                    for v in vals
+                ]
                 bw_args = saved + tangents
                 del saved, tangents
                 grads = bw_fn(bw_args)
@@ -293,15 +300,6 @@ def compiled_peak(
             if d.type == "cuda":
                 torch.cuda.synchronize(d)
     return tracker.peak
-
-
-def _tangent(val: Any) -> Any:
-    """The gradient autograd gives an output with example value ``val``: a tensor of its
-    size and strides (zeros: the values do not change what the backward allocates)."""
-    if not isinstance(val, torch.Tensor):
-        return val
-    size, stride = tuple(int(s) for s in val.shape), tuple(int(s) for s in val.stride())
-    return torch.empty_strided(size, stride, dtype=val.dtype, device=val.device).zero_()
 
 
 def _inputs(placeholders: list[fx.Node], real: Sequence[Any] | None, written: set[str]) -> list[Any]:
