@@ -536,6 +536,12 @@ def _training_call(
     _CALLS[0] += 1
     if again:
         state.window_calls = _CALLS[0]
+    if state.planner.abandoned:  # a backward raised before it ran: its calls are not waited for
+        state.planner.abandoned = False
+        for ref in state.pending:
+            if (token := ref()) is not None:
+                token.done = True
+        state.pending.clear()
     if state.pending:
         _check_reentry(self, state)
     if state.outside_ddp and key in state.outside_ddp and active_ddp_module() is not None:
@@ -595,12 +601,13 @@ def _training_call(
     _warn_calls(state)
     call = state.planner.call
     if len(state.planner.records) > before and (
-        len(call) > 1 or any(state.planner.records[i].joint.dropped for i in call)
+        len(call) > 1 or any(state.planner.records[i].joint.beside_loss for i in call)
     ):
         # compiling the graph after a graph break leaves reference cycles (Dynamo's tracer) that
         # hold real tensors of the call, such as the output object built after the break:
-        # collected now, not when the backward is already running beside them (a full
-        # collection takes a tenth of a second or more: only where it matters)
+        # collected now, not when the backward is already running beside them, nor found held
+        # by a loop that dropped them (a full collection takes a tenth of a second or more:
+        # only where it matters)
         gc.collect()
     _track_pending(state, out, key)
     if state.window is not None and len(state.planner.records) > before:

@@ -221,6 +221,8 @@ def compiled_peak(
     num_fwd_outputs: int,
     compile_half: CompileHalf,
     real_inputs: Sequence[Any] | None = None,
+    *,
+    dropped: frozenset[tuple[tuple[int, ...], torch.dtype]] = frozenset(),
 ) -> int:
     """The peak bytes of ``modules``' forward and backward compiled by ``compile_half``,
     run in one memory window (see the module docstring).
@@ -234,6 +236,9 @@ def compiled_peak(
             hands them to the backend); an input they lack, or whose shape, dtype or device
             differs, is made up as op timing makes its inputs (random floats, zero
             integers and booleans, the example value's strides).
+        dropped: the sizes and dtypes of the model's outputs the loop drops when the backward
+            starts (:func:`checkmate.trace.drop_outputs_beside_loss`); the others are held to
+            the backward's end, as a loop keeping ``outputs = model(...)`` holds them.
     """
     with real_tensors():  # a constant the graph holds (DeBERTa's) is real: copied outside the fake mode
         fw, bw = copy.deepcopy(modules.forward), copy.deepcopy(modules.backward)
@@ -270,6 +275,8 @@ def compiled_peak(
                 outs = list(fw_fn(args))
                 kept, saved = outs[:num_fwd_outputs], outs[num_fwd_outputs:]
                 del outs
+                if dropped:  # before the backward makes the gradients, as the loop drops them
+                    kept = [o for o in kept if not isinstance(o, torch.Tensor) or _key(o) not in dropped]
                 # the outputs' gradients, made between the halves as autograd (or MadeZeros, for
                 # those the loss leaves unread) makes them: one tensor each, of the example's
                 # strides. Made from op timing's pool, each was a clone of a buffer as large,
@@ -305,6 +312,11 @@ def compiled_peak(
 def _inputs(placeholders: list[fx.Node], real: Sequence[Any] | None, written: set[str]) -> list[Any]:
     """The forward's inputs (see :func:`_input`)."""
     return [_input(n.meta.get("val"), real, k, copy=n.name in written) for k, n in enumerate(placeholders)]
+
+
+def _key(t: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
+    """A tensor's size and dtype (how the outputs beside a loss are named)."""
+    return tuple(int(d) for d in t.shape), t.dtype
 
 
 def _like(val: Any, got: Any) -> Any:

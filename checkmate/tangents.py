@@ -49,12 +49,14 @@ __all__ = [
     "MadeZeros",
     "NoneTangents",
     "added_to_loss",
+    "compiled_nodes",
     "fold_zeros",
     "grad_fns",
     "release_unused",
     "tangent_masks",
     "unread_tangents",
     "watch_held",
+    "watch_outputs",
     "zeros_strided",
 ]
 
@@ -110,19 +112,27 @@ def release_unused(outputs: Iterable[Any], skip: frozenset[int] = frozenset()) -
     An output that is a view AOTAutograd regenerates from an intermediate the function
     returns is followed one step, to that function's node.
     """
-    marked: list[Any] = []
+    marked = compiled_nodes(outputs, skip)
+    for f in marked:
+        f.set_materialize_grads(False)
+    return marked
+
+
+def compiled_nodes(outputs: Iterable[Any], skip: frozenset[int] = frozenset()) -> list[Any]:
+    """The backward nodes of the compiled functions that produced ``outputs``, but those in
+    ``skip`` (see :func:`release_unused`), each once."""
+    found: list[Any] = []
     seen: set[int] = set()
     for out in outputs:
         fn = out.grad_fn if isinstance(out, torch.Tensor) else None
         if fn is None or id(fn) in skip:
             continue
-        found = [fn] if type(fn).__name__ == _COMPILED else [f for f, _ in fn.next_functions if f is not None]
-        for f in found:
+        near = [fn] if type(fn).__name__ == _COMPILED else [f for f, _ in fn.next_functions if f is not None]
+        for f in near:
             if type(f).__name__ == _COMPILED and id(f) not in skip and id(f) not in seen:
                 seen.add(id(f))
-                f.set_materialize_grads(False)  # type: ignore[attr-defined]
-                marked.append(f)
-    return marked
+                found.append(f)
+    return found
 
 
 def watch_held(
@@ -135,6 +145,18 @@ def watch_held(
     node), call ``on_held`` with the bytes of those of ``outputs`` of a size and dtype in
     ``keys`` that are still alive: held by the loop through the backward, where the plan
     dropped them when it starts. Only weak references are kept."""
+    watch_outputs(nodes, outputs, keys, lambda nbytes: on_held(nbytes) if nbytes else None)
+
+
+def watch_outputs(
+    nodes: Sequence[Any],
+    outputs: Iterable[Any],
+    keys: frozenset[tuple[tuple[int, ...], torch.dtype]],
+    on_backward: Callable[[int], None],
+) -> None:
+    """When the backward reaches the first of ``nodes``, call ``on_backward`` with the bytes
+    of those of ``outputs`` of a size and dtype in ``keys`` still alive there (0 when the
+    loop dropped them all). Only weak references are kept."""
     refs = [
         weakref.ref(t) for t in outputs if isinstance(t, torch.Tensor) and (tuple(t.shape), t.dtype) in keys
     ]
@@ -148,8 +170,7 @@ def watch_held(
             if t is not None:
                 storage = t.untyped_storage()
                 storages[storage.data_ptr()] = storage.nbytes()
-        if storages:
-            on_held(sum(storages.values()))
+        on_backward(sum(storages.values()))
 
     nodes[0].register_prehook(reached)
 

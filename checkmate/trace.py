@@ -482,6 +482,7 @@ def build_graph(
     save_costs: Callable[[fx.Node], float] | None = None,
     late_masks: bool = False,
     unread: frozenset[str] = frozenset(),
+    beside: frozenset[str] | None = None,
     name: str = "",
 ) -> JointGraph:
     """Model the joint graph ``gm`` as a :class:`solvers.Graph`.
@@ -506,6 +507,9 @@ def build_graph(
             C++ code, which stores bools slowly (:func:`checkmate.placement.backward_only`).
         unread: tangents to count as no bytes: gradients the step is expected not to give
             (:func:`checkmate.tangents.unread_tangents`).
+        beside: tangents a loss beside their outputs leaves unread, which find those outputs
+            (:attr:`JointGraph.beside_loss`) whether or not the step gives them (Inductor's
+            backward is given zeros for them, counted); ``unread`` when None.
         name: the graph's name.
 
     Returns:
@@ -721,14 +725,17 @@ def build_graph(
     sink_reads = {gid[b] for o in flat_out if (b := base.get(o)) is not None}
     # outputs a loss beside them was computed from: read by the loss's gradient too, so that a
     # plan dropping them at the backward's start (drop_outputs_beside_loss) holds them to there
-    beside = _beside_loss(fwd_outputs, tangents, unread, base)
+    unread_by_loss = unread if beside is None else beside
+    found = _beside_loss(fwd_outputs, tangents, unread_by_loss, base)
     losses = [
         t
         for t in tangents
-        if t.name not in unread and isinstance(v := t.meta.get("val"), torch.Tensor) and v.numel() == 1
+        if t.name not in unread_by_loss
+        and isinstance(v := t.meta.get("val"), torch.Tensor)
+        and v.numel() == 1
     ]
-    beside = {b: key for b, key in beside.items() if b in gid} if losses else {}
-    edges += [(b.name, t.name) for b in beside for t in losses]
+    by_loss = {b: key for b, key in found.items() if b in gid} if losses else {}
+    edges += [(b.name, t.name) for b in by_loss for t in losses]
     graph_nodes.append({"key": SINK, "name": SINK, "cost": 0.0, "mem": 0, "backward": True, "op": "output"})
     edges += [(ordered[i].name, SINK) for i in sorted(sink_reads)]
     order.append(SINK)
@@ -756,5 +763,5 @@ def build_graph(
             and _on_folded(n, inlined, base)
         ),
         unread=frozenset(t.name for t in tangents if t.name in unread),
-        beside_loss={final[b.name]: key for b, key in beside.items()},
+        beside_loss={final[b.name]: key for b, key in by_loss.items()},
     )

@@ -12,6 +12,7 @@ __all__ = [
     "GraphError",
     "BudgetError",
     "InfeasibleBudgetError",
+    "HeldOutputsError",
     "ScheduleError",
     "SolverError",
     "WorkerError",
@@ -110,6 +111,13 @@ class InfeasibleBudgetError(CheckmateError):
 
 def _infeasible(budget: int, minimum: int | None, kwargs: dict[str, Any]) -> InfeasibleBudgetError:
     return InfeasibleBudgetError(budget, minimum, **kwargs)
+
+
+class HeldOutputsError(CheckmateError):
+    """A backward found the loop holding outputs (a language model's logits beside its loss)
+    that its plan, compiled by Inductor, drops when the backward starts, as the loop's first
+    step dropped them, where holding them could exceed the budget. Raised before that
+    backward runs; the next call plans the step holding them."""
 
 
 class ScheduleError(CheckmateError):

@@ -264,3 +264,27 @@ def test_parameters_only_an_unread_output_depends_on_get_no_gradient_as_in_eager
     # read, the pooled output gives its head gradients
     opt(torch.randn(64, 16, 32))[1].sum().backward()
     assert opt.pooler.weight.grad is not None
+
+
+def test_a_backward_start_reports_the_bytes_of_the_watched_outputs_the_loop_still_holds() -> None:
+    from checkmate.tangents import watch_held, watch_outputs
+
+    w = torch.randn(8, 8, requires_grad=True)
+    scale = torch.randn(4, 8)
+    logits_key = frozenset({((4, 8), torch.float32)})
+    seen: list[int] = []
+    held: list[int] = []
+
+    def step(hold: bool) -> None:
+        logits = torch.randn(4, 8) @ w
+        loss = (logits * scale).sum()  # saves scale, not the logits
+        watch_outputs([loss.grad_fn], [loss, logits], logits_key, seen.append)
+        watch_held([loss.grad_fn], [loss, logits], logits_key, held.append)
+        if not hold:
+            del logits  # as `model(**batch).loss.backward()` drops them
+        loss.backward()
+
+    step(hold=True)
+    step(hold=False)
+    assert seen == [4 * 8 * 4, 0]
+    assert held == [4 * 8 * 4]  # only outputs still held are reported as held
