@@ -170,6 +170,9 @@ COSTLY = 1.0
 #: compute exceeds its graph's by more than this, is planned again with them dropped where the
 #: loop is seen dropping them (:meth:`Planner.first_backward`): a compile more, once
 DROP_WORTH = 0.02
+#: nor where those outputs are less than this share of the budget: their room buys little (a
+#: Swin's 320 bytes of logits beside a 536 KiB budget)
+DROP_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -703,8 +706,8 @@ class Planner:
         compiled again at its next call, each such graph planned and checked so
         (``loop_drops``), and its backwards watch that the loop keeps dropping them
         (:meth:`held`). Only where ``rec`` ran uncompiled (no plan compiled holding them
-        fitted) or its plan recomputes more than :data:`DROP_WORTH` of the step's compute:
-        a compile more, once. Measured on CPU: a Llama given ``labels=`` at 0.6 of eager's
+        fitted) or its plan recomputes more than :data:`DROP_WORTH` of the step's compute,
+        and the outputs are at least :data:`DROP_SHARE` of the budget: a compile more, once. Measured on CPU: a Llama given ``labels=`` at 0.6 of eager's
         peak (1 MiB of logits) ran uncompiled at 1.24x eager's step time, at 0.77x the
         budget; compiled with the logits dropped, at 0.72x eager's time, 0.99x the budget."""
         if self.loop_seen:
@@ -713,6 +716,9 @@ class Planner:
         if nbytes or not self.plan_dropped:
             return
         if rec.compiler == "inductor" and rec.overhead <= DROP_WORTH:
+            return
+        outputs = sum(int(rec.joint.graph.mem[i]) for i in rec.joint.beside_loss)
+        if outputs < DROP_SHARE * (self.budget.nbytes or 0):
             return
         self.loop_drops = self.recompile = True
         log.info(
