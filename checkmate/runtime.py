@@ -2167,10 +2167,16 @@ def _releasing(
         made_before = grad_fns(_flat(args))  # a boxed call clears its argument list
         out = step(*args)
         outs = out if isinstance(out, (list, tuple)) else (out,)
-        nodes = release_unused(outs, made_before) if release else compiled_nodes(outs, made_before)
-        if dropped and on_held is not None:
-            watch_held(nodes, outs, dropped, on_held)
         watch = loop() if loop is not None else None
+        held = on_held if dropped else None
+        if release:
+            nodes = release_unused(outs, made_before)
+        elif held is not None or watch is not None:  # Inductor's: nodes only where something is watched
+            nodes = compiled_nodes(outs, made_before)
+        else:
+            return out
+        if held is not None:
+            watch_held(nodes, outs, dropped, held)
         if watch is not None:
             watch_outputs(nodes, outs, *watch)
         return out
