@@ -25,6 +25,7 @@ __all__ = [
     "host_arguments",
     "host_placed",
     "named_arguments",
+    "output_mask_index",
 ]
 
 #: ops that return an alias of their input (or take no new storage) whose schema does not say so
@@ -97,6 +98,25 @@ def named_arguments(
         (names[i] if i < len(names) else None, a) for i, a in enumerate(args)
     ]
     return out + list(kwargs.items())
+
+
+def output_mask_index(target: Any) -> int | None:
+    """The position of ``target``'s argument that says which of its outputs to compute (a
+    ``bool[]`` named ``output_mask``, ``grad_input_mask`` or ``mask``, one entry per output:
+    ``convolution_backward``, ``native_batch_norm_backward``, ``native_layer_norm_backward``,
+    memory-efficient attention's backward), or None for an op without one."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return None
+    for i, a in enumerate(schema.arguments):
+        if (
+            a.name.endswith("mask")
+            and isinstance(a.type, torch.ListType)
+            and a.type.getElementType() == torch.BoolType.get()
+            and len(schema.returns) == a.N
+        ):
+            return i
+    return None
 
 
 #: the attention backward kernels that read the philox seed and offset on the host (flash and

@@ -18,6 +18,10 @@ Modelling choices (the simulator's memory must match what the runtime allocates)
   not), and recomputing any one output runs the op again. Codegen runs the op once for
   outputs computed one after another. (The tuple is not a node: a plan could otherwise keep
   it resident and "recompute" an output from it for free, which the runtime cannot honour.)
+  A run that gives fewer outputs than the op makes: an op with an output mask
+  (``convolution_backward``, the norms' backwards) is asked for those only; for the others,
+  the outputs listed after the one computed, smallest first, and those no node stands for
+  (dropout's output) count as its scratch (:func:`_run_bytes`).
 - Primals (parameters, buffers, inputs) and constants (``get_attr`` nodes) are not nodes:
   always resident, outside the budget. Tangents are: autograd allocates them when the backward starts; each is a
   zero-cost, non-recomputable backward node listed before the backward ops.
@@ -57,7 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -65,7 +69,14 @@ import torch
 import torch.fx as fx
 
 from checkmate.eager import real_like, real_tensors
-from checkmate.ops import is_mutation, is_random_node, is_view_node, through_views, writes_input
+from checkmate.ops import (
+    is_mutation,
+    is_random_node,
+    is_view_node,
+    output_mask_index,
+    through_views,
+    writes_input,
+)
 from checkmate.placement import accumulates_into, backward_only, deferrable, lazy_order
 from solvers.errors import TraceError
 from solvers.graph import Graph
@@ -186,6 +197,71 @@ def _beside_loss(
         elif b not in owners:
             owners[b] = chosen[o]
     return {b: k for b, k in owners.items() if k is not None}
+
+
+def _siblings_last(
+    ordered: list[fx.Node], call_of: Mapping[fx.Node, fx.Node], mem: Mapping[fx.Node, int]
+) -> list[fx.Node]:
+    """``ordered`` with each block of consecutive outputs of one op sorted by size, the
+    largest last (see :func:`_run_bytes`: an output recomputed alone counts those after it).
+    They read the same inputs and not each other, so any order of a block is topological."""
+    out = list(ordered)
+    k = 0
+    while k < len(out):
+        call = call_of.get(out[k])
+        end = k + 1
+        while call is not None and end < len(out) and call_of.get(out[end]) is call:
+            end += 1
+        if end - k > 1:
+            out[k:end] = sorted(out[k:end], key=lambda o: mem[o])
+        k = end
+    return out
+
+
+def _run_bytes(
+    ordered: Sequence[fx.Node], call_of: Mapping[fx.Node, fx.Node], mem: Mapping[fx.Node, int]
+) -> dict[fx.Node, int]:
+    """Bytes a run of each output's op allocates beside what the graph counts for it, for ops
+    that make every output at each run (no output mask: :meth:`checkmate.codegen._Emitter.finish`
+    asks the others for the outputs taken only): its outputs listed after it, and its outputs
+    no node stands for (dropout's output, which is recomputed from its mask).
+
+    Each output is a node of its own, and a plan may recompute one alone (a BatchNorm's
+    output without its statistics, a LayerNorm's statistics without its output): the op
+    then makes the others too, dropped right after. Counted as scratch of the outputs before
+    them, they are that run's bytes; computed together, in order, each output is counted
+    once, as the node it is. Outputs before the one recomputed alone are not counted, which
+    is why each op's outputs are listed smallest first (:func:`_siblings_last`): what is left
+    out then is the smaller ones (a normalization's statistics beside its output, a max-pool's
+    output beside its indices)."""
+    out: dict[fx.Node, int] = {}
+    later: dict[fx.Node, int] = {}  # call -> bytes of its outputs listed after the current one
+    for o in reversed(ordered):
+        call = call_of.get(o)
+        if call is None or output_mask_index(call.target) is not None:
+            continue
+        if call not in later:
+            later[call] = _nodeless_bytes(call)
+        out[o] = later[call]
+        later[call] += int(mem[o])
+    return {o: b for o, b in out.items() if b}
+
+
+def _nodeless_bytes(call: fx.Node) -> int:
+    """Bytes of the outputs of a multi-output op that no ``getitem`` reads (made and dropped
+    at each run), not counting outputs that alias an input."""
+    vals = call.meta.get("val")
+    if not isinstance(vals, (tuple, list)):
+        return 0
+    read = {u.args[1] for u in call.users if u.target is operator.getitem}
+    schema = getattr(call.target, "_schema", None)
+    returns = list(schema.returns) if schema is not None else []
+    total = 0
+    for k, v in enumerate(vals):
+        aliased = k < len(returns) and returns[k].alias_info is not None
+        if k not in read and not aliased and isinstance(v, torch.Tensor):
+            total += _tensor_bytes(v)
+    return total
 
 
 def recompute_dropout_from_mask(gm: fx.GraphModule) -> int:
@@ -656,6 +732,7 @@ def build_graph(
     ordered = [o for o in owners if o not in backward and o not in sunk] + lazy_order(
         owners, inputs, backward, late
     )
+    ordered = _siblings_last(ordered, call_of, mem)
     gid = {o: i for i, o in enumerate(ordered)}
     ops = [call_of.get(o, o) for o in ordered]
     fused = [o for o in ordered if o in inplace]
@@ -703,8 +780,10 @@ def build_graph(
     # read by it and dead right after: the simulator then counts it during the op only
     order: list[str] = []
     edges = [(ordered[p].name, o.name) for o in ordered for p in sorted(preds[o])]
+    after = _run_bytes(ordered, call_of, mem)
     for o in ordered:
         extra = scratch(call_of.get(o, o)) if scratch is not None and o.op != "placeholder" else 0
+        extra += after.get(o, 0)
         if extra > 0:
             w = f"{o.name}{WORKSPACE}"
             spec = graph_nodes[gid[o]]
@@ -715,7 +794,9 @@ def build_graph(
                     "cost": 0.0,
                     "mem": int(extra),
                     "backward": spec["backward"],
-                    "recomputable": spec["recomputable"],
+                    # scratch, not a value: "recomputing" it runs nothing, even for an op
+                    # that runs once (a planner holds a value that may not be recomputed)
+                    "recomputable": True,
                     "op": "workspace",
                 }
             )
