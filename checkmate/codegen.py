@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
-from checkmate.ops import is_view_node, output_mask_index
+from checkmate.ops import is_view_node, output_mask
 from checkmate.trace import JointGraph
 from solvers.errors import PlanError, TraceError
 from solvers.schedule import COMPUTE, Schedule, simulate
@@ -168,10 +168,10 @@ class _Emitter:
         least peak measured 1.07x it that way. Masked off, an output is not computed at all;
         the ones computed are bitwise the same."""
         for run, taken in self.runs:
-            at = output_mask_index(run.target)
-            if at is None:
+            found = output_mask(run.target)
+            if found is None:
                 continue
-            name = run.target._schema.arguments[at].name  # type: ignore[union-attr]
+            at, name = found
             positional = at < len(run.args)
             mask = run.args[at] if positional else run.kwargs.get(name)
             if not isinstance(mask, (list, tuple)):

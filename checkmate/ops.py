@@ -25,7 +25,7 @@ __all__ = [
     "host_arguments",
     "host_placed",
     "named_arguments",
-    "output_mask_index",
+    "output_mask",
 ]
 
 #: ops that return an alias of their input (or take no new storage) whose schema does not say so
@@ -100,11 +100,12 @@ def named_arguments(
     return out + list(kwargs.items())
 
 
-def output_mask_index(target: Any) -> int | None:
-    """The position of ``target``'s argument that says which of its outputs to compute (a
-    ``bool[]`` named ``output_mask``, ``grad_input_mask`` or ``mask``, one entry per output:
-    ``convolution_backward``, ``native_batch_norm_backward``, ``native_layer_norm_backward``,
-    memory-efficient attention's backward), or None for an op without one."""
+def output_mask(target: Any) -> tuple[int, str] | None:
+    """The position and name of ``target``'s argument that says which of its outputs to
+    compute (a ``bool[]`` named ``output_mask``, ``grad_input_mask`` or ``mask``, one entry
+    per output: ``convolution_backward``, ``native_batch_norm_backward``,
+    ``native_layer_norm_backward``, memory-efficient attention's backward), or None for an
+    op without one."""
     schema = getattr(target, "_schema", None)
     if schema is None:
         return None
@@ -115,7 +116,7 @@ def output_mask_index(target: Any) -> int | None:
             and a.type.getElementType() == torch.BoolType.get()
             and len(schema.returns) == a.N
         ):
-            return i
+            return i, a.name
     return None
 
 

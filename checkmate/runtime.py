@@ -707,9 +707,10 @@ class Planner:
         (``loop_drops``), and its backwards watch that the loop keeps dropping them
         (:meth:`held`). Only where ``rec`` ran uncompiled (no plan compiled holding them
         fitted) or its plan recomputes more than :data:`DROP_WORTH` of the step's compute,
-        and the outputs are at least :data:`DROP_SHARE` of the budget: a compile more, once. Measured on CPU: a Llama given ``labels=`` at 0.6 of eager's
-        peak (1 MiB of logits) ran uncompiled at 1.24x eager's step time, at 0.77x the
-        budget; compiled with the logits dropped, at 0.72x eager's time, 0.99x the budget."""
+        and the outputs are at least :data:`DROP_SHARE` of the budget: a compile more, once.
+        Measured on CPU: a Llama given ``labels=`` at 0.6 of eager's peak (1 MiB of logits)
+        ran uncompiled at 1.24x eager's step time, at 0.77x the budget; compiled with the
+        logits dropped, at 0.72x eager's time, 0.99x the budget."""
         if self.loop_seen:
             return
         self.loop_seen = True

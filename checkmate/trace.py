@@ -73,7 +73,7 @@ from checkmate.ops import (
     is_mutation,
     is_random_node,
     is_view_node,
-    output_mask_index,
+    output_mask,
     through_views,
     writes_input,
 )
@@ -238,7 +238,7 @@ def _run_bytes(
     later: dict[fx.Node, int] = {}  # call -> bytes of its outputs listed after the current one
     for o in reversed(ordered):
         call = call_of.get(o)
-        if call is None or output_mask_index(call.target) is not None:
+        if call is None or output_mask(call.target) is not None:
             continue
         if call not in later:
             later[call] = _nodeless_bytes(call)

@@ -461,14 +461,18 @@ def test_traced_norm_statistics_get_the_dtype_the_cpu_kernel_returns(norm: str) 
     assert correct_traced_dtypes(gm) == 0  # nothing left to correct
 
 
-class _ConvPair(nn.Module):
-    def __init__(self) -> None:
+class _TwoConvs(nn.Module):
+    """Two convolutions with a ReLU between, and a 2x2 max-pool after it with ``pool``."""
+
+    def __init__(self, mid: int, out: int, pool: bool = False) -> None:
         super().__init__()
-        self.c1 = nn.Conv2d(3, 32, 3, padding=1, bias=False)
-        self.c2 = nn.Conv2d(32, 4, 3, padding=1, bias=False)
+        self.c1 = nn.Conv2d(3, mid, 3, padding=1, bias=False)
+        self.c2 = nn.Conv2d(mid, out, 3, padding=1, bias=False)
+        self.pool = pool
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c2(torch.relu(self.c1(x)))
+        h = torch.relu(self.c1(x))
+        return self.c2(nn.functional.max_pool2d(h, 2) if self.pool else h)
 
 
 class _OutputBytes(torch.utils._python_dispatch.TorchDispatchMode):
@@ -512,7 +516,7 @@ def test_an_output_recomputed_alone_allocates_only_what_the_plan_counts() -> Non
     # with the traced output mask, that run also made the 512 KB input gradient the plan had
     # consumed already (a DenseNet-like CNN at its least peak measured 1.07x it that way).
     torch.manual_seed(0)
-    gm, jg = _joint(_ConvPair(), torch.randn(4, 3, 32, 32))
+    gm, jg = _joint(_TwoConvs(32, 4), torch.randn(4, 3, 32, 32))
     g = jg.graph
     ids = {nd.name: nd.id for nd in g.nodes}
     conv2 = {name for name, (call, _) in jg.calls.items() if call == "convolution_backward"}
@@ -527,22 +531,12 @@ def test_an_output_recomputed_alone_allocates_only_what_the_plan_counts() -> Non
     assert same
 
 
-class _PoolNet(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.c1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
-        self.c2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c2(nn.functional.max_pool2d(torch.relu(self.c1(x)), 2))
-
-
 def test_outputs_an_op_makes_beside_the_one_recomputed_count_as_its_scratch() -> None:
     # max_pool2d_with_indices has no output mask: recomputing its output for the backward
     # (its indices kept) makes the indices again, twice the output's bytes, dropped at once.
     # They are scratch of the output's node; computed together, each is counted once
     torch.manual_seed(0)
-    gm, jg = _joint(_PoolNet(), torch.randn(4, 3, 32, 32))
+    gm, jg = _joint(_TwoConvs(8, 8, pool=True), torch.randn(4, 3, 32, 32))
     g = jg.graph
     ids = {nd.name: nd.id for nd in g.nodes}
     (out, idx) = sorted(
