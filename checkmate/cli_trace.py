@@ -49,11 +49,19 @@ def load_factory(spec: str) -> Callable[[], Any]:
     try:
         if module_name.endswith(".py"):
             path = Path(module_name)
-            mspec = importlib.util.spec_from_file_location(path.stem, path)
+            # a name of its own, registered as imported: Dynamo imports the module of a function
+            # it resumes after a graph break, and the file's stem may name another module
+            name = f"_checkmate_factory_{path.stem}_{abs(hash(str(path.resolve()))):x}"
+            mspec = importlib.util.spec_from_file_location(name, path)
             if mspec is None or mspec.loader is None or not path.is_file():
                 raise CheckmateError(f"{module_name}: no such Python file")
             module = importlib.util.module_from_spec(mspec)
-            mspec.loader.exec_module(module)
+            sys.modules[name] = module
+            try:
+                mspec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
         else:
             if str(Path.cwd()) not in sys.path:
                 sys.path.insert(0, str(Path.cwd()))  # as `python -m` does: local modules resolve
@@ -79,6 +87,8 @@ def capture_joint(model: torch.nn.Module, inputs: Sequence[Any]) -> list[tuple[t
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import default_partition
 
+    from checkmate.api import _own_function, _recompile_limits
+
     graphs: list[tuple[torch.fx.GraphModule, int]] = []
 
     def partition(gm: torch.fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kw: Any) -> Any:
@@ -86,10 +96,18 @@ def capture_joint(model: torch.nn.Module, inputs: Sequence[Any]) -> list[tuple[t
         return default_partition(gm, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw)
 
     backend = aot_autograd(fw_compiler=_identity, bw_compiler=_identity, partition_fn=partition)
-    compiled = torch.compile(model, backend=backend, dynamic=False)
+
+    def step(*args: Any) -> Any:
+        return model(*args)
+
+    # a function with a code object of its own, compiled afresh: Dynamo compiles every module
+    # through one wrapper of its own (and every nn.Sequential through one forward), which past
+    # its recompile limit runs eagerly for good: a model traced after eight others in one
+    # process captured nothing
+    compiled = torch.compile(_own_function(step), backend=backend, dynamic=False)
     model.train()
     try:
-        with torch.enable_grad():
+        with torch.enable_grad(), _recompile_limits():
             compiled(*inputs)
     except Exception as exc:
         inner = getattr(exc, "inner_exception", None) or exc

@@ -95,6 +95,28 @@ def test_trace_with_input_shape(factory: Path, tmp_path: Path) -> None:
     assert json.loads(gpath.read_text())["meta"]["input_shapes"] == [[8, 32]]
 
 
+def test_a_model_whose_code_this_process_compiled_often_is_traced(factory: Path, tmp_path: Path) -> None:
+    # every nn.Sequential shares one forward, which Dynamo compiles once per module: past its
+    # recompile limit (8) the trace ran the model eagerly and captured nothing ("does any
+    # output require grad?"), as when other tests had compiled Sequentials in the process
+    import torch
+
+    torch._dynamo.reset()
+    try:
+        for width in range(1, torch._dynamo.config.recompile_limit + 3):
+            torch.compile(torch.nn.Sequential(torch.nn.Linear(width, 2)), backend="eager")(
+                torch.randn(1, width)
+            )
+        gpath = tmp_path / "g.json"
+        res = run(
+            "trace", f"{factory}:model_only", "--input-shape", "8,32", "--profile", "cpu", "-o", str(gpath)
+        )
+        assert res.exit_code == 0, res.output
+        assert load_graph(gpath).backward_mask.any()
+    finally:
+        torch._dynamo.reset()
+
+
 @pytest.mark.parametrize(
     ("spec", "match"),
     [
