@@ -20,8 +20,9 @@ Modelling choices (the simulator's memory must match what the runtime allocates)
   it resident and "recompute" an output from it for free, which the runtime cannot honour.)
   A run that gives fewer outputs than the op makes: an op with an output mask
   (``convolution_backward``, the norms' backwards) is asked for those only; for the others,
-  the outputs listed after the one computed, smallest first, and those no node stands for
-  (dropout's output) count as its scratch (:func:`_run_bytes`).
+  each output reads the outputs listed before it (smallest first), which the run then makes
+  again in their place (:func:`_sibling_reads`), and the outputs listed after it and those no
+  node stands for (dropout's output) count as its scratch (:func:`_run_bytes`).
 - Primals (parameters, buffers, inputs) and constants (``get_attr`` nodes) are not nodes:
   always resident, outside the budget. Tangents are: autograd allocates them when the backward starts; each is a
   zero-cost, non-recomputable backward node listed before the backward ops.
@@ -61,7 +62,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -218,22 +219,54 @@ def _siblings_last(
     return out
 
 
+def _sibling_reads(
+    ordered: Sequence[fx.Node], call_of: Mapping[fx.Node, fx.Node], fixed: Set[fx.Node]
+) -> list[tuple[fx.Node, fx.Node]]:
+    """Pairs ``(j, k)``: output ``k`` of an op without an output mask reads its sibling ``j``
+    listed before it, where ``j`` may be recomputed (an edge of the graph model only).
+
+    A run of such an op makes every output, whichever the plan asked for. Computed together,
+    in order, its outputs are counted each as its own node; computed for ``k`` alone, the run
+    makes ``j`` again beside the copy the plan may hold. With ``j`` an input of ``k``, a plan
+    computes ``k`` only where ``j`` is resident, and codegen takes ``j`` from that run in place
+    of the copy held (:meth:`checkmate.codegen._Emitter.compute`): bitwise the same value, and
+    the older copy dies at its last read before the run. The run then allocates what the plan
+    counts: ``j`` (resident), ``k``, and the outputs after ``k`` (its scratch, :func:`_run_bytes`).
+    Outputs that may not be recomputed (an op's output the caller holds) are counted as
+    scratch instead: an edge would hold them to every recompute of ``k``."""
+    seen: dict[fx.Node, list[fx.Node]] = {}  # call -> its outputs listed so far
+    pairs: list[tuple[fx.Node, fx.Node]] = []
+    for o in ordered:
+        call = call_of.get(o)
+        if call is None or output_mask(call.target) is not None:
+            continue
+        before = seen.setdefault(call, [])
+        pairs += [(j, o) for j in before if j not in fixed]
+        before.append(o)
+    return pairs
+
+
 def _run_bytes(
-    ordered: Sequence[fx.Node], call_of: Mapping[fx.Node, fx.Node], mem: Mapping[fx.Node, int]
+    ordered: Sequence[fx.Node],
+    call_of: Mapping[fx.Node, fx.Node],
+    mem: Mapping[fx.Node, int],
+    fixed: Set[fx.Node] = frozenset(),
 ) -> dict[fx.Node, int]:
     """Bytes a run of each output's op allocates beside what the graph counts for it, for ops
     that make every output at each run (no output mask: :meth:`checkmate.codegen._Emitter.finish`
-    asks the others for the outputs taken only): its outputs listed after it, and its outputs
-    no node stands for (dropout's output, which is recomputed from its mask).
+    asks the others for the outputs taken only): its outputs listed after it, its outputs
+    no node stands for (dropout's output, which is recomputed from its mask), and the outputs
+    listed before it that may not be recomputed.
 
     Each output is a node of its own, and a plan may recompute one alone (a BatchNorm's
     output without its statistics, a LayerNorm's statistics without its output): the op
     then makes the others too, dropped right after. Counted as scratch of the outputs before
     them, they are that run's bytes; computed together, in order, each output is counted
-    once, as the node it is. Outputs before the one recomputed alone are not counted, which
-    is why each op's outputs are listed smallest first (:func:`_siblings_last`): what is left
-    out then is the smaller ones (a normalization's statistics beside its output, a max-pool's
-    output beside its indices)."""
+    once, as the node it is. The outputs before the one recomputed are its inputs
+    (:func:`_sibling_reads`), resident when it runs, where they may be recomputed; the others
+    are counted here. Each op's outputs are listed smallest first (:func:`_siblings_last`), so
+    that what a run alone holds beside its output is the smaller ones (a normalization's
+    statistics beside its output, a max-pool's output beside its indices)."""
     out: dict[fx.Node, int] = {}
     later: dict[fx.Node, int] = {}  # call -> bytes of its outputs listed after the current one
     for o in reversed(ordered):
@@ -244,6 +277,15 @@ def _run_bytes(
             later[call] = _nodeless_bytes(call)
         out[o] = later[call]
         later[call] += int(mem[o])
+    earlier: dict[fx.Node, int] = {}  # call -> bytes of its fixed outputs listed before
+    for o in ordered:
+        call = call_of.get(o)
+        if o not in out or call is None:
+            continue
+        if o not in fixed:
+            out[o] += earlier.get(call, 0)
+        else:
+            earlier[call] = earlier.get(call, 0) + int(mem[o])
     return {o: b for o, b in out.items() if b}
 
 
@@ -748,17 +790,22 @@ def build_graph(
     preds: dict[fx.Node, set[int]] = {o: {gid[b] for b in inputs[o]} for o in ordered}
     held = {gid[b] for b in held_owners}
     forward_required = {gid[o] for o in once} | held
+    fixed_set = {
+        o
+        for o in ordered
+        if o.op == "placeholder"
+        or is_mutation((op := call_of.get(o, o)).target)
+        or is_random_node(op)
+        or gid[o] in held
+        or o in reads_mutated
+    }
+    for j, k in _sibling_reads(ordered, call_of, fixed_set):
+        preds[k].add(gid[j])
 
     graph_nodes = []
     for o in ordered:
         op = call_of.get(o, o)
-        fixed = (
-            o.op == "placeholder"
-            or is_mutation(op.target)
-            or is_random_node(op)
-            or gid[o] in held
-            or o in reads_mutated
-        )
+        fixed = o in fixed_set
         in_backward = o in backward or o in sunk
         graph_nodes.append(
             {
@@ -780,7 +827,7 @@ def build_graph(
     # read by it and dead right after: the simulator then counts it during the op only
     order: list[str] = []
     edges = [(ordered[p].name, o.name) for o in ordered for p in sorted(preds[o])]
-    after = _run_bytes(ordered, call_of, mem)
+    after = _run_bytes(ordered, call_of, mem, fixed_set)
     for o in ordered:
         extra = scratch(call_of.get(o, o)) if scratch is not None and o.op != "placeholder" else 0
         extra += after.get(o, 0)

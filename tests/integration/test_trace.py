@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import operator
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from checkmate.codegen import generate  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
 from checkmate.ops import is_view_node  # noqa: E402
 from checkmate.trace import SINK, WORKSPACE, JointGraph, build_graph, recompute_dropout_from_mask  # noqa: E402
+from solvers.errors import ScheduleError  # noqa: E402
 from solvers.schedule import keep_all_peak, schedule_from_order, simulate  # noqa: E402
 from tests.integration import _models as M  # noqa: E402
 
@@ -529,6 +531,36 @@ def test_an_output_recomputed_alone_allocates_only_what_the_plan_counts() -> Non
     # conv2 for the input gradient, conv1 for its weight's, conv2 again for its weight's
     assert runs == [g.mem[ids[grad_in]], g.mem[ids[conv1]], g.mem[late]]
     assert same
+
+
+def test_an_output_recomputed_alone_reads_the_outputs_its_run_makes_again() -> None:
+    # The max-pool's indices, recomputed alone at the backward's start, come with the pool's
+    # output made again. The indices read the output (an edge of the graph model only), so
+    # the plan holds the output there and counts it once; codegen hands the run's copy to
+    # the readers after it, and the copy the forward saved dies unread. Taken from the
+    # traced run instead, the saved copy lived on beside the new one, which the plan did not
+    # count.
+    torch.manual_seed(0)
+    gm, jg = _joint(_TwoConvs(8, 8, pool=True), torch.randn(4, 3, 32, 32))
+    g = jg.graph
+    ids = {nd.name: nd.id for nd in g.nodes}
+    (out, idx) = sorted(
+        (name for name, (call, _) in jg.calls.items() if call == "max_pool2d_with_indices"),
+        key=lambda name: jg.calls[name][1],
+    )
+    assert ids[out] in g.preds[ids[idx]]
+    start = next(i for i in range(g.n) if g.nodes[i].backward) + 1
+    order = [*range(start), ids[idx], *range(start, g.n)]
+    with pytest.raises(ScheduleError, match="not resident"):  # the output is read: held, or made first
+        simulate(g, [("compute", i) for i in range(start) if i != ids[out]] + [("compute", ids[idx])])
+    runs, same = _run_joint(gm, jg, order, torch.ops.aten.max_pool2d_with_indices.default)
+    assert runs == [g.mem[ids[out]] + g.mem[ids[idx]]]
+    assert same
+    bwd = generate(gm, jg, schedule_from_order(g, order)).backward.graph
+    pool = next(n for n in bwd.nodes if n.target is torch.ops.aten.max_pool2d_with_indices.default)
+    conv = next(n for n in bwd.nodes if n.target is torch.ops.aten.convolution_backward.default)
+    read = conv.args[1]  # the second convolution's input: the pool's output
+    assert isinstance(read, fx.Node) and read.target is operator.getitem and read.args == (pool, 0)
 
 
 def test_outputs_an_op_makes_beside_the_one_recomputed_count_as_its_scratch() -> None:
