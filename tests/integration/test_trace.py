@@ -533,6 +533,19 @@ def test_an_output_recomputed_alone_allocates_only_what_the_plan_counts() -> Non
     assert same
 
 
+def _pooled_joint() -> tuple[fx.GraphModule, JointGraph, dict[str, int], str, str]:
+    """The joint graph of two convolutions with a max-pool between, its node ids by name, and
+    the names of the pool's output and indices nodes."""
+    torch.manual_seed(0)
+    gm, jg = _joint(_TwoConvs(8, 8, pool=True), torch.randn(4, 3, 32, 32))
+    ids = {nd.name: nd.id for nd in jg.graph.nodes}
+    (out, idx) = sorted(
+        (name for name, (call, _) in jg.calls.items() if call == "max_pool2d_with_indices"),
+        key=lambda name: jg.calls[name][1],
+    )
+    return gm, jg, ids, out, idx
+
+
 def test_an_output_recomputed_alone_reads_the_outputs_its_run_makes_again() -> None:
     # The max-pool's indices, recomputed alone at the backward's start, come with the pool's
     # output made again. The indices read the output (an edge of the graph model only), so
@@ -540,14 +553,8 @@ def test_an_output_recomputed_alone_reads_the_outputs_its_run_makes_again() -> N
     # the readers after it, and the copy the forward saved dies unread. Taken from the
     # traced run instead, the saved copy lived on beside the new one, which the plan did not
     # count.
-    torch.manual_seed(0)
-    gm, jg = _joint(_TwoConvs(8, 8, pool=True), torch.randn(4, 3, 32, 32))
+    gm, jg, ids, out, idx = _pooled_joint()
     g = jg.graph
-    ids = {nd.name: nd.id for nd in g.nodes}
-    (out, idx) = sorted(
-        (name for name, (call, _) in jg.calls.items() if call == "max_pool2d_with_indices"),
-        key=lambda name: jg.calls[name][1],
-    )
     assert ids[out] in g.preds[ids[idx]]
     start = next(i for i in range(g.n) if g.nodes[i].backward) + 1
     order = [*range(start), ids[idx], *range(start, g.n)]
@@ -567,14 +574,8 @@ def test_outputs_an_op_makes_beside_the_one_recomputed_count_as_its_scratch() ->
     # max_pool2d_with_indices has no output mask: recomputing its output for the backward
     # (its indices kept) makes the indices again, twice the output's bytes, dropped at once.
     # They are scratch of the output's node; computed together, each is counted once
-    torch.manual_seed(0)
-    gm, jg = _joint(_TwoConvs(8, 8, pool=True), torch.randn(4, 3, 32, 32))
+    gm, jg, ids, out, idx = _pooled_joint()
     g = jg.graph
-    ids = {nd.name: nd.id for nd in g.nodes}
-    (out, idx) = sorted(
-        (name for name, (call, _) in jg.calls.items() if call == "max_pool2d_with_indices"),
-        key=lambda name: jg.calls[name][1],
-    )
     ws = ids[f"{out}{WORKSPACE}"]
     assert g.mem[ws] == g.mem[ids[idx]] == 2 * g.mem[ids[out]]
     assert f"{idx}{WORKSPACE}" not in ids  # nothing after the indices
