@@ -99,8 +99,14 @@ def test_a_model_whose_code_this_process_compiled_often_is_traced(factory: Path,
     # every nn.Sequential shares one forward, which Dynamo compiles once per module: past its
     # recompile limit (8) the trace ran the model eagerly and captured nothing ("does any
     # output require grad?"), as when other tests had compiled Sequentials in the process
-    import torch
+    import copy
 
+    import torch
+    from torch._dynamo.utils import counters
+
+    # Dynamo's counters say whether a recompile limit was hit in this process (the unplanned
+    # warning says so): restored after, so that later tests' messages do not change
+    saved = copy.deepcopy(counters)
     torch._dynamo.reset()
     try:
         for width in range(1, torch._dynamo.config.recompile_limit + 3):
@@ -115,6 +121,8 @@ def test_a_model_whose_code_this_process_compiled_often_is_traced(factory: Path,
         assert load_graph(gpath).backward_mask.any()
     finally:
         torch._dynamo.reset()
+        counters.clear()
+        counters.update(saved)
 
 
 @pytest.mark.parametrize(
