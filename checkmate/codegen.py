@@ -144,39 +144,35 @@ class _Emitter:
             self.last = (op, self.graph.node_copy(op, self.get), set())
             self.runs.append((self.last[1], self.last[2]))
         _, run, taken = self.last
-        self.env[owner] = self.graph.call_function(operator.getitem, (run, call[1]))
-        self.env[owner].meta = dict(owner.meta)
-        taken.add(name)
+        self._take(run, name, taken)
         self._take_siblings_read(i, call[0], run, taken)
         if not self.jg.graph.nodes[i].recomputable:
             # an op that may run only once: take every output now (later computes of its
             # siblings find them in env)
-            for sib, (c, idx) in self.jg.calls.items():
+            for sib, (c, _) in self.jg.calls.items():
                 if c == call[0] and sib not in taken:
-                    node = self.graph.call_function(operator.getitem, (run, idx))
-                    node.meta = dict(self.by_name[sib].meta)
-                    self.env[self.by_name[sib]] = node
-                    taken.add(sib)
+                    self._take(run, sib, taken)
+
+    def _take(self, run: fx.Node, name: str, taken: set[str]) -> None:
+        """Make output ``name`` of the op run ``run`` the current copy of that joint node."""
+        node = self.graph.call_function(operator.getitem, (run, self.jg.calls[name][1]))
+        node.meta = dict(self.by_name[name].meta)
+        self.env[self.by_name[name]] = node
+        taken.add(name)
 
     def _take_siblings_read(self, i: int, op: str, run: fx.Node, taken: set[str]) -> None:
         """Take from ``run`` the outputs of its op that graph node ``i`` reads (its siblings
         listed before it, :func:`checkmate.trace._sibling_reads`) and this run has not given
         yet: the run made them again, and the plan counts one copy of each, the one resident.
-        Bitwise the same values; readers after this take the new copy, and the older one dies
-        at its last read before the run."""
+        Bitwise the same values; readers after this take the new copy (views of the older one
+        are made again from it), and the older one dies at its last read before the run."""
         for p in self.jg.graph.preds[i]:
             names = self.jg.members[p]
-            if not names or names[0] in taken:
-                continue
-            sib = self.jg.calls.get(names[0])
-            if sib is None or sib[0] != op:
+            if not names or names[0] in taken or self.jg.calls.get(names[0], ("",))[0] != op:
                 continue
             for x in self.group_nodes.get(int(p), ()):
                 self.env.pop(x, None)
-            node = self.graph.call_function(operator.getitem, (run, sib[1]))
-            node.meta = dict(self.by_name[names[0]].meta)
-            self.env[self.by_name[names[0]]] = node
-            taken.add(names[0])
+            self._take(run, names[0], taken)
 
     def finish(self) -> None:
         """Ask each run of an op with an output mask (``convolution_backward``,

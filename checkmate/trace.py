@@ -250,7 +250,7 @@ def _run_bytes(
     ordered: Sequence[fx.Node],
     call_of: Mapping[fx.Node, fx.Node],
     mem: Mapping[fx.Node, int],
-    fixed: Set[fx.Node] = frozenset(),
+    fixed: Set[fx.Node],
 ) -> dict[fx.Node, int]:
     """Bytes a run of each output's op allocates beside what the graph counts for it, for ops
     that make every output at each run (no output mask: :meth:`checkmate.codegen._Emitter.finish`
@@ -805,7 +805,6 @@ def build_graph(
     graph_nodes = []
     for o in ordered:
         op = call_of.get(o, o)
-        fixed = o in fixed_set
         in_backward = o in backward or o in sunk
         graph_nodes.append(
             {
@@ -814,7 +813,7 @@ def build_graph(
                 "cost": max(float(seconds.get(o, 0.0)), 0.0),
                 "mem": mem[o],
                 "backward": in_backward,
-                "recomputable": not fixed,
+                "recomputable": o not in fixed_set,
                 "op": str(op.target),
                 "save_cost": (
                     float(save_costs(o))

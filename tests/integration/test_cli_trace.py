@@ -96,9 +96,9 @@ def test_trace_with_input_shape(factory: Path, tmp_path: Path) -> None:
 
 
 def test_a_model_whose_code_this_process_compiled_often_is_traced(factory: Path, tmp_path: Path) -> None:
-    # every nn.Sequential shares one forward, which Dynamo compiles once per module: past its
-    # recompile limit (8) the trace ran the model eagerly and captured nothing ("does any
-    # output require grad?"), as when other tests had compiled Sequentials in the process
+    # Dynamo compiles every module through one wrapper of its own: past its recompile limit (8)
+    # that code runs eagerly for good, and the trace captured nothing ("does any output
+    # require grad?"), as when other tests had compiled modules in the process before
     import copy
 
     import torch
