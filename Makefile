@@ -7,7 +7,7 @@ TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: install demo test test-solvers test-gpu lint format bench bench-quick bench-peers bench-peers-full bench-peers-compile bench-second-run bench-overhead bench-budget bench-loop bench-scale bench-ddp bench-big bench-predict bench-zoo-inductor clean
+.PHONY: install demo test test-solvers test-gpu lint format bench bench-quick bench-peers bench-peers-full bench-peers-compile bench-second-run bench-overhead bench-budget bench-loop bench-scale bench-ddp bench-big bench-predict bench-zoo-inductor bench-host clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -109,6 +109,12 @@ bench-predict: install
 # written to benchmarks/results/zoo_inductor.md (~12 min on 2 cores).
 bench-zoo-inductor: install
 	$(BIN)/python -m benchmarks.zoo_inductor --fresh-cache $(BENCH_ARGS)
+
+# Where compiler="inductor"'s step spends host time against torch.compile's (a GPU's small steps are
+# host-bound): GPT-2 quick and the ResNet-like CNN at 1.0, with Inductor's buffer reuse and without.
+# On CPU: BENCH_ARGS="--device cpu --size tiny --pairs 10".
+bench-host: install
+	$(BIN)/python -m benchmarks.host_time --reuse $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
