@@ -8,7 +8,8 @@ checkmate step called past the optimized module's own wrapper (``bypass``: the p
 alone, without the per-call bookkeeping of :mod:`checkmate.api`), and measures:
 
 - ``wall``: a step (forward, loss, backward) between two device synchronizes, median over
-  ``--pairs`` alternating pairs with the reference, and the median per-pair ratio;
+  ``--pairs`` alternating pairs with the reference, and the median per-pair ratio (the row
+  ``compile`` times the reference against itself: the run's noise);
 - ``enqueue``: the time until ``backward()`` returns, before the synchronize (the host's share);
 - ``cProfile``: per step, the functions with the most own time, and those whose own time
   differs most between checkmate and the reference (``host_time_<model>.txt``);
