@@ -501,7 +501,7 @@ FRACTION = {
     "inplace": 0.9,
     "batchnorm": 0.9,
     # its least peak found within the 3 s limit sits at 70.0-70.3% of its keep-all peak, varying
-    # between runs (0.7 was refused as infeasible in 8 of 10 runs on 2026-11-29, on this code and
+    # between runs (0.7 was refused as infeasible in 11 of 12 runs on 2026-11-29, on this code and
     # on the code before it alike): 0.75 still recomputes (asserted below)
     "norms": 0.75,
     "constants": 0.7,
