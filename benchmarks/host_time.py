@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.peer_methods import ReferenceLoss, prepare_checkmate, prepare_inductor
-from benchmarks.peers_compile import Config, workloads
+from benchmarks.peers_compile import Config, alternating, ratio_spread, workloads
 from checkmate.memory import measure_peak
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -78,23 +78,14 @@ def _pairs(
     ref: Callable[[], torch.Tensor], other: Callable[[], torch.Tensor], pairs: int, device: str
 ) -> dict[str, float]:
     """Medians over alternating pairs (which one runs first alternates too)."""
-    walls, enq, ref_walls, ratios = [], [], [], []
-    for i in range(pairs):
-        if i % 2:
-            a = _timed(other, device)
-            r = _timed(ref, device)
-        else:
-            r = _timed(ref, device)
-            a = _timed(other, device)
-        walls.append(a[0])
-        enq.append(a[1])
-        ref_walls.append(r[0])
-        ratios.append(a[0] / r[0])
+    mine, theirs = alternating(lambda: _timed(other, device), lambda: _timed(ref, device), pairs)
+    walls = [wall for wall, _ in mine]
+    ref_walls = [wall for wall, _ in theirs]
     return {
         "wall_ms": 1e3 * statistics.median(walls),
-        "enqueue_ms": 1e3 * statistics.median(enq),
+        "enqueue_ms": 1e3 * statistics.median(enq for _, enq in mine),
         "ref_ms": 1e3 * statistics.median(ref_walls),
-        "ratio": statistics.median(ratios),
+        "ratio": ratio_spread(walls, ref_walls)[0],
     }
 
 

@@ -51,10 +51,10 @@ import gc
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -66,6 +66,8 @@ from checkmate.memory import measure_peak
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 BUDGETS = (0.2, 0.4, 0.6, 0.8, 1.0)
 MODELS = ("gpt2", "llama", "resnet")
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -163,22 +165,34 @@ def _timed(model: nn.Module, step: Step, device: str) -> float:
     return (time.perf_counter() if cuda else time.process_time()) - t0
 
 
+def alternating(mine: Callable[[], T], theirs: Callable[[], T], n: int) -> tuple[list[T], list[T]]:
+    """``n`` results of each of ``mine()`` and ``theirs()``, called in pairs whose order
+    alternates (so neither is always the one that runs after the other)."""
+    a: list[T] = []
+    b: list[T] = []
+    for i in range(n):
+        if i % 2:
+            a.append(mine())
+            b.append(theirs())
+        else:
+            b.append(theirs())
+            a.append(mine())
+    return a, b
+
+
+def ratio_spread(mine: Sequence[float], theirs: Sequence[float]) -> tuple[float, float]:
+    """(median per-pair ratio ``mine / theirs``, half the ratios' interquartile range)."""
+    ratios = sorted(a / b for a, b in zip(mine, theirs, strict=True))
+    q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
+    return statistics.median(ratios), (q[2] - q[0]) / 2
+
+
 def _paired(
     model: nn.Module, step: Step, other: tuple[nn.Module, Step], n: int, device: str
 ) -> tuple[float, float, float, float]:
     """(median step s, median ``other`` s, median per-pair ratio, half the ratios' IQR)."""
-    mine: list[float] = []
-    theirs: list[float] = []
-    for i in range(n):
-        if i % 2:
-            mine.append(_timed(model, step, device))
-            theirs.append(_timed(*other, device))
-        else:
-            theirs.append(_timed(*other, device))
-            mine.append(_timed(model, step, device))
-    ratios = sorted(a / b for a, b in zip(mine, theirs, strict=True))
-    q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
-    return statistics.median(mine), statistics.median(theirs), statistics.median(ratios), (q[2] - q[0]) / 2
+    mine, theirs = alternating(lambda: _timed(model, step, device), lambda: _timed(*other, device), n)
+    return statistics.median(mine), statistics.median(theirs), *ratio_spread(mine, theirs)
 
 
 def _after_step(
