@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -163,6 +164,45 @@ def test_new_shapes_plan_again_and_example_inputs_plan_now() -> None:
     assert len(plans_of(opt)) == 2  # new shapes: a new plan
     _step(opt, torch.randn(64, 32))
     assert len(plans_of(opt)) == 2
+
+
+def test_the_planning_call_of_example_inputs_is_not_a_call_pending_its_backward() -> None:
+    """The call ``optimize(model, budget, example_inputs)`` makes is never backpropagated:
+    whatever keeps its output alive afterwards (here a forward hook's reference cycle, with
+    the garbage collector off, as when it just does not run in time), the first training step
+    is planned alone, with no warning, and runs the plan made at ``optimize()`` time."""
+    import gc
+    import warnings
+
+    x = torch.randn(1024, 64)
+    keep = plans_of(checkmate.optimize(_deep_mlp(), 1.0, (x,), profile="cpu"))[-1].result.peak
+    model = _deep_mlp()
+    held: list[Any] = []
+
+    class Box:
+        pass
+
+    def hold(module: nn.Module, inputs: Any, out: Any) -> None:
+        box = Box()
+        box.out, box.me = out, box  # type: ignore[attr-defined]  # a cycle holding the output
+        held.append(weakref.ref(box))
+
+    model.register_forward_hook(hold)
+    gc.collect()
+    gc.disable()
+    try:
+        opt = checkmate.optimize(model, int(0.6 * keep), (x,), profile="cpu", time_limit=5)
+        freed = held[0]() is None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", checkmate.BudgetWarning)
+            peak = measure_peak(lambda: _loss(opt(x)).backward())
+    finally:
+        gc.enable()
+    (record,) = plans_of(opt)  # not planned again to fit beside a call pending its backward
+    assert record.result.peak <= int(0.6 * keep)
+    # the CPU allocator's count is exact: only a few bytes of bookkeeping may differ
+    assert abs(peak - record.result.peak) <= 0.01 * record.result.peak, (peak, record.result.peak)
+    assert freed  # and the activations its call saved were released by optimize()
 
 
 def test_too_small_budget_reports_the_minimum() -> None:
