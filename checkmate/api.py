@@ -304,11 +304,17 @@ def _forget_planning_call(state: CheckmateState) -> None:
     was planned again to fit beside it (a BudgetWarning saying the step could exceed the
     budget) and kept that tighter, slower plan: a test measured a first step at 421 KiB against
     its plan's 552 KiB, or not, depending on what had run before it in the process."""
+    _stop_waiting(state)
+    gc.collect()
+
+
+def _stop_waiting(state: CheckmateState) -> None:
+    """Count none of the module's calls as pending their backward any more (their backward
+    will not run: it raised, or the call's output was dropped)."""
     for ref in state.pending:
         if (token := ref()) is not None:
             token.done = True
     state.pending.clear()
-    gc.collect()
 
 
 #: each optimized module's compiled variants counted apart from those of every other module of
@@ -556,10 +562,7 @@ def _training_call(
         state.window_calls = _CALLS[0]
     if state.planner.abandoned:  # a backward raised before it ran: its calls are not waited for
         state.planner.abandoned = False
-        for ref in state.pending:
-            if (token := ref()) is not None:
-                token.done = True
-        state.pending.clear()
+        _stop_waiting(state)
     if state.pending:
         _check_reentry(self, state)
     if state.outside_ddp and key in state.outside_ddp and active_ddp_module() is not None:
