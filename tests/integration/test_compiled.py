@@ -192,7 +192,7 @@ def test_the_checked_peak_is_the_steps_and_within_the_budget() -> None:
     model, x = M.TinyTransformer(vocab=64, d=64, layers=2, p=0.1), torch.randint(0, 64, (16, 128))
     hits = counters["inductor"]["fxgraph_cache_hit"]
     opt = checkmate.optimize(
-        copy.deepcopy(model), 0.5, (x,), compiler="inductor", time_limit=5, profile="cpu"
+        copy.deepcopy(model), 0.55, (x,), compiler="inductor", time_limit=5, profile="cpu"
     )
 
     def step() -> None:
@@ -209,7 +209,7 @@ def test_the_checked_peak_is_the_steps_and_within_the_budget() -> None:
     assert counters["inductor"]["fxgraph_cache_hit"] - hits >= 2
     peak = measure_peak(step)
     # the step also holds what the loss computes outside the graph: the squared output and
-    # its gradient, 0.5 MiB each (2.4% of the budget)
+    # its gradient, 0.5 MiB each (2.2% of the budget)
     assert peak <= 1.05 * check.budget, (peak, check)
     assert abs(peak - (check.measured or 0)) <= 0.05 * check.budget, (peak, check)
     assert "compiled peak" in rec.summary()

@@ -1,6 +1,7 @@
 """The op costs ``compiler="inductor"`` plans with (:func:`checkmate.fusion.fused_costs`): a
-library kernel keeps its measured cost, a generated op costs the memory it moves, and a
-chain of fused ops is charged the reads of its inputs once, not a write per op."""
+library kernel keeps its measured cost, a generated op costs the memory it moves plus its
+arithmetic, and a chain of fused ops is charged the reads of its inputs once, not a write
+per op."""
 
 from __future__ import annotations
 
@@ -24,11 +25,18 @@ def _chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.mm(torch.mm(x, w).sin().cos().exp(), w)
 
 
-def _costs() -> list[tuple[str, float]]:
-    """(op name, cost) of each op of ``_chain``, in order: mm, sin, cos, exp, mm."""
+#: an eager pointwise op bound by memory (a GPU's): it reads its input, writes its output
+#: and launches, and does no arithmetic worth its time
+MEMORY_BOUND = 2 * BYTES / BANDWIDTH + LAUNCH
+
+
+def _costs(pointwise: float = MEMORY_BOUND) -> list[tuple[str, float]]:
+    """(op name, cost) of each op of ``_chain``, in order: mm, sin, cos, exp, mm, when the
+    matrix products measured 1 s eagerly and each pointwise op ``pointwise`` seconds."""
     gm = make_fx(_chain, tracing_mode="fake")(torch.randn(N, N), torch.randn(N, N))
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
-    costs = fused_costs(nodes, [1.0] * len(nodes), BANDWIDTH, LAUNCH)
+    eager = [1.0, pointwise, pointwise, pointwise, 1.0]
+    costs = fused_costs(nodes, eager, BANDWIDTH, LAUNCH)
     return [(n.target.overloadpacket.__name__, c) for n, c in zip(nodes, costs, strict=True)]  # type: ignore[union-attr]
 
 
@@ -49,13 +57,27 @@ def test_a_fused_chain_reads_its_input_once_and_writes_only_what_a_library_kerne
     assert min(got.values()) > 0  # no recomputation is free
 
 
+def test_a_fused_op_bound_by_its_arithmetic_keeps_the_arithmetic_part_of_its_eager_cost() -> None:
+    # a CPU's tanh or exp: the eager op took 5 ms where moving its bytes takes 0.5 ms
+    arithmetic = 5e-3
+    got = dict(_costs(MEMORY_BOUND + arithmetic)[1:4])
+    memory = dict(_costs()[1:4])
+    for name in ("sin", "cos", "exp"):
+        assert got[name] == pytest.approx(memory[name] + arithmetic)  # fusion saves bytes only
+    # and never more than the eager op: an op cheaper eagerly than its model keeps that cost
+    capped = dict(_costs(0.5 * BYTES / BANDWIDTH)[1:4])
+    assert capped["exp"] == pytest.approx(0.5 * BYTES / BANDWIDTH)
+
+
 def test_no_generated_op_costs_less_than_a_share_of_the_largest() -> None:
     from checkmate.fusion import MIN_SHARE
 
     gm = make_fx(_chain, tracing_mode="fake")(torch.randn(N, N), torch.randn(N, N))
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
-    costs = fused_costs(nodes, [1e6] * len(nodes), BANDWIDTH, LAUNCH)  # library kernels of 11 days
-    assert min(costs) == pytest.approx(MIN_SHARE * 1e6)  # the exact models' cost span holds
+    eager = [1e3, MEMORY_BOUND, MEMORY_BOUND, MEMORY_BOUND, 1e3]  # library kernels of 17 minutes
+    costs = fused_costs(nodes, eager, BANDWIDTH, LAUNCH)
+    assert FUSED_FLOOR * BYTES / BANDWIDTH < MIN_SHARE * 1e3 < MEMORY_BOUND  # cos falls to the floor
+    assert min(costs) == pytest.approx(MIN_SHARE * 1e3)  # the exact models' cost span holds
 
 
 def test_handing_over_a_fused_value_costs_its_write_and_its_read_back() -> None:
