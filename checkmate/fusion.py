@@ -57,7 +57,7 @@ import torch
 import torch.fx as fx
 
 from checkmate.eager import real_tensors
-from checkmate.flops import _FLOPS, flat_tensors, tensor_span_bytes
+from checkmate.flops import _FLOPS, flat_tensors, op_cost_terms, tensor_span_bytes
 from checkmate.ops import is_mutation, is_random_node, is_view, through_views, writes_input
 
 __all__ = [
@@ -176,8 +176,11 @@ def _arithmetic(node: fx.Node, cost: float, bandwidth: float, launch: float) -> 
     """The part of ``node``'s eager cost that is neither moving its bytes nor a launch: its
     arithmetic, which fusion does not remove. About 0 where eager pointwise ops are bound by
     memory (a GPU; add, mul anywhere); most of the cost of ``tanh``, ``exp`` or ``erf`` on a
-    CPU. The eager op reads every input from memory and writes its output."""
-    moved = _bytes(node) + sum(_bytes(p) for p in node.all_input_nodes)
+    CPU. The eager op reads every input from memory and writes its output: the bytes a
+    device profile's roofline counts (:func:`checkmate.flops.op_cost_terms`), so that with a
+    profile this is exactly its compute term's excess over its memory term."""
+    terms = op_cost_terms(node)
+    moved = terms.bytes if terms is not None else 0.0
     return max(0.0, cost - moved / bandwidth - launch)
 
 
