@@ -5,6 +5,8 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
+# pytest-xdist workers of `make test` (0: one process); CI's machine has 2 cores
+TEST_WORKERS ?= 2
 BENCH_ARGS ?=
 
 .PHONY: install demo test test-solvers test-gpu lint format bench bench-quick bench-peers bench-peers-full bench-peers-compile bench-second-run bench-overhead bench-budget bench-loop bench-scale bench-ddp bench-big bench-predict bench-zoo-inductor bench-host clean
@@ -25,7 +27,7 @@ demo: install
 	$(BIN)/python examples/train_transformer.py
 
 test: install
-	$(BIN)/python -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
 
 # The torch-free core alone (what `pip install` without torch supports).
 test-solvers: install
