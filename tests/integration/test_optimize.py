@@ -458,6 +458,9 @@ def test_a_step_under_cpu_autocast_is_planned_and_equals_eager() -> None:
     opt = checkmate.optimize(model, 0.6, compiler="aot", time_limit=5)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no op left unmeasured, no budget warning
+        # (what the plan costs is the solver's search in 5 s: on a loaded machine a costly
+        # fallback plan, +107% once, which this test is not about)
+        warnings.simplefilter("ignore", checkmate.OverheadWarning)
         for amp in (True, False):
             ref.zero_grad()
             model.zero_grad()
