@@ -27,6 +27,7 @@ import copy
 import functools
 import gc
 import inspect
+import itertools
 import os
 import random
 import sys
@@ -238,6 +239,8 @@ def optimize(
             stacklevel=2,
         )
     check_fsdp_order(model, optimizing=True)  # FSDP2: only optimize-then-shard, per block
+    if compiler == "inductor" and profile is None:
+        _measure_device_speed(model)
     model, base = _original(model)
     planner = Planner(
         spec,
@@ -292,6 +295,19 @@ def optimize(
                 new.train(was)
                 _forget_planning_call(new.__dict__[_STATE])
     return new
+
+
+def _measure_device_speed(model: nn.Module) -> None:
+    """The memory bandwidth and launch cost that ``compiler="inductor"`` prices fused ops
+    with (:func:`checkmate.fusion.device_speed`), measured now on the device of ``model``'s
+    parameters: its copy holds 128 MiB, which a step that plans would hold beside its own
+    values, over a small budget. A model moved to another device after this is measured
+    there in the step that plans."""
+    from checkmate import fusion
+
+    tensor = next(itertools.chain(model.parameters(), model.buffers()), None)
+    if tensor is not None and tensor.device.type in ("cpu", "cuda"):
+        fusion.device_speed(None, tensor.device)
 
 
 def _forget_planning_call(state: CheckmateState) -> None:

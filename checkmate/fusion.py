@@ -223,6 +223,14 @@ def _timed(fn: Any, dev: torch.device, repeat: int = 7) -> float:
     return statistics.median(times[2:])
 
 
+def _device_key(device: torch.device | str) -> str:
+    """``device`` as one string per physical device (``cuda`` is the current ``cuda:N``)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return str(dev)
+
+
 @functools.cache
 def _measured_speed(device: str) -> tuple[float, float]:
     with real_tensors():  # called from inside the partitioner (checkmate.eager)
@@ -245,10 +253,14 @@ def _speed(dev: torch.device) -> tuple[float, float]:
 def device_speed(profile: str | None, device: torch.device | str) -> tuple[float, float]:
     """The device's memory bandwidth (bytes/s) and the seconds one kernel launch costs: the
     profile's, or measured once per process when planning with measured costs (a copy of
-    64 MiB, read and write counted; a hundred one-element kernels back to back)."""
+    64 MiB, read and write counted; a hundred one-element kernels back to back).
+
+    The copy holds 128 MiB for a moment: :func:`checkmate.optimize` measures it as it is
+    called, on the device of the model's parameters, so that no training step does (inside
+    the step that plans, it stood 82x over a small model's budget of 1.6 MB)."""
     if profile is not None:
         from checkmate.profile import load_profile
 
         prof = load_profile(profile)
         return float(prof.memory_bandwidth), float(prof.launch_overhead)
-    return _measured_speed(str(device))
+    return _measured_speed(_device_key(device))
