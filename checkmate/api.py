@@ -27,7 +27,6 @@ import copy
 import functools
 import gc
 import inspect
-import itertools
 import os
 import random
 import sys
@@ -305,9 +304,9 @@ def _measure_device_speed(model: nn.Module) -> None:
     there in the step that plans."""
     from checkmate import fusion
 
-    tensor = next(itertools.chain(model.parameters(), model.buffers()), None)
-    if tensor is not None and tensor.device.type in ("cpu", "cuda"):
-        fusion.device_speed(None, tensor.device)
+    device = _device_of(model, (), {})
+    if device.type in ("cpu", "cuda"):  # not a model on the meta device
+        fusion.device_speed(None, device)
 
 
 def _forget_planning_call(state: CheckmateState) -> None:
