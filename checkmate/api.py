@@ -683,11 +683,14 @@ def _training_call(
                 "A hook on a tensor (`out.register_hook(fn)` in the forward) or on a parameter "
                 "(`param.register_hook(fn)`, `register_post_accumulate_grad_hook`) is planned with the step"
             )
-        else:
+        elif rnn := _rnn_skipped(self):
             why = (
-                "Dynamo skips nn.LSTM/GRU/RNN unless torch._dynamo.config.allow_rnn = True; otherwise "
-                "look for what makes it fall back (TORCH_LOGS=graph_breaks)"
+                f"{rnn}, which Dynamo runs eagerly unless torch._dynamo.config.allow_rnn = True. Set it "
+                "before the first step: Dynamo then unrolls the RNN over its time steps (a graph that grows "
+                "with the sequence length), and checkmate plans that step"
             )
+        else:
+            why = "Look for what makes Dynamo fall back (TORCH_LOGS=graph_breaks)"
         warnings.warn(
             f"checkmate planned nothing for {type(self).__name__}: torch.compile captured no graph "
             "with a backward (Dynamo ran the forward eagerly), so training steps run eagerly with no "
@@ -696,6 +699,18 @@ def _training_call(
             stacklevel=_caller_level(),
         )
     return out
+
+
+def _rnn_skipped(module: nn.Module) -> str | None:
+    """``"<Model>.<name> is an nn.<LSTM>"`` for the first RNN submodule of ``module`` (Dynamo
+    runs them eagerly while ``torch._dynamo.config.allow_rnn`` is False), or None."""
+    if torch._dynamo.config.allow_rnn:
+        return None
+    for name, sub in module.named_modules():
+        if isinstance(sub, nn.RNNBase):
+            where = f"{type(module).__name__}.{name}" if name else type(module).__name__
+            return f"{where} is an nn.{type(sub).__name__}"
+    return None
 
 
 def _backward_hooked(module: nn.Module) -> str | None:
