@@ -701,6 +701,11 @@ def _training_call(
     return out
 
 
+def _submodule_name(module: nn.Module, name: str) -> str:
+    """``"<Model>.<name>"`` for the submodule ``name`` of ``module`` (``"<Model>"`` for itself)."""
+    return f"{type(module).__name__}.{name}" if name else type(module).__name__
+
+
 def _rnn_skipped(module: nn.Module) -> str | None:
     """``"<Model>.<name> is an nn.<LSTM>"`` for the first RNN submodule of ``module`` (Dynamo
     runs them eagerly while ``torch._dynamo.config.allow_rnn`` is False), or None."""
@@ -708,8 +713,7 @@ def _rnn_skipped(module: nn.Module) -> str | None:
         return None
     for name, sub in module.named_modules():
         if isinstance(sub, nn.RNNBase):
-            where = f"{type(module).__name__}.{name}" if name else type(module).__name__
-            return f"{where} is an nn.{type(sub).__name__}"
+            return f"{_submodule_name(module, name)} is an nn.{type(sub).__name__}"
     return None
 
 
@@ -722,7 +726,7 @@ def _backward_hooked(module: nn.Module) -> str | None:
         return "every module (a global backward hook)"
     for name, sub in module.named_modules():
         if sub._backward_hooks or sub._backward_pre_hooks:
-            return f"{type(module).__name__}.{name}" if name else type(module).__name__
+            return _submodule_name(module, name)
     return None
 
 
