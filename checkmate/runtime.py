@@ -39,7 +39,7 @@ import math
 import sys
 import types
 import warnings
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -263,6 +263,15 @@ class Planner:
         step: the signature of the step being compiled (set by :meth:`begin_step`).
         call: indices in ``records`` of the graphs compiled in the current call (graph
             breaks: they run in one step, each holding what it saved while the next runs).
+        ran: indices in ``records`` of the graphs whose forward ran in the current call, in
+            order. A graph compiled once can run many times in one call, or not at all: the
+            body of a layer loop broken by a branch on a tensor (LayerDrop's ``if
+            torch.rand([]) < p``) runs once per layer kept, so steps of one input signature
+            can hold different amounts (the caller measures a step that ran them more).
+        runs: a graph's structure -> the most times a graph of it ran in one step measured
+            whole (:meth:`check_step`), where more than once: each run holds what it saved
+            while the next ones run, and each is planned beside the others
+            (:meth:`_solve_beside_calls`).
         split: step signature -> per graph of a call of that step, in call order, the
             gradient bytes it left and its least peak, where those graphs together exceeded a
             byte budget: the step is compiled again (``replan_pending``, for the caller) and
@@ -352,6 +361,8 @@ class Planner:
     check_compiled: bool = True
     warned_unchecked: bool = field(default=False, repr=False)
     call: list[int] = field(default_factory=list, repr=False)
+    ran: list[int] = field(default_factory=list, repr=False)
+    runs: dict[Hashable, int] = field(default_factory=dict, repr=False)
     warned_split: bool = field(default=False, repr=False)
     warned_costly: bool = field(default=False, repr=False)
     split: dict[object, tuple[tuple[int, int], ...]] = field(default_factory=dict, repr=False)
@@ -393,6 +404,7 @@ class Planner:
         signature (their sizes decide which graph sets the step's peak)."""
         self.step = signature
         self.call = []
+        self.ran = []
         self.settle()  # a step whose plan does not meet the fraction asked raises at every call
 
     def settle(self) -> None:
@@ -507,7 +519,18 @@ class Planner:
 
         def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], **configs: Any) -> Any:
             self.more_follows = ends_at_graph_break(gm) or called_from_model_code()
-            return inner(gm, example_inputs, **configs)
+            before = len(self.records)
+            step = inner(gm, example_inputs, **configs)
+            if len(self.records) == before:  # nothing planned (no backward): not counted
+                return step
+            index = len(self.records) - 1
+
+            @functools.wraps(step)  # keeps a boxed call boxed (its _boxed_call attribute)
+            def counted(*args: Any) -> Any:
+                self.ran.append(index)
+                return step(*args)
+
+            return counted
 
         return compile_graph
 
@@ -1157,8 +1180,10 @@ class Planner:
             self.loss_guess[self.step] = guess
         base = before + (self._outside_room(jg.graph) or guess)  # + code outside the module (check_step)
         at_boundary, beside = self._later_room(jg.graph, profile_id)
-        if self.calls > 1 and self.budget.nbytes is not None:  # the module's other calls beside it
-            return self._solve_beside_calls(jg, profile_id, base + beside)
+        runs = self.runs.get(structure(jg.graph), 1) if self.runs else 1
+        if (self.calls > 1 or runs > 1) and self.budget.nbytes is not None:
+            # the module's other calls beside it, or the graph's other runs in the step
+            return self._solve_beside_calls(jg, profile_id, base + beside, runs)
         # room the boundary needs beyond what the whole run leaves: for the graphs after this
         # one, and for code outside the module (measured there: check_step)
         extra = at_boundary - beside + self._outside_room(jg.graph, self.outside_boundary)
@@ -1186,7 +1211,7 @@ class Planner:
         return self._solve(jg, profile_id)
 
     def _solve_beside_calls(
-        self, jg: JointGraph, profile_id: str, base: int
+        self, jg: JointGraph, profile_id: str, base: int, runs: int = 1
     ) -> tuple[SolveResult, int | None, int | None]:
         """:meth:`_solve` for one of ``calls`` calls of the module held at once (each made
         before the backward of the ones before it; their backwards run in reverse), beside
@@ -1201,17 +1226,28 @@ class Planner:
         least peak room: halfway between recomputing to hold little at the boundary and
         recomputing to peak low. The call that found more calls held plans beside what the
         earlier ones hold (``pending_held``) too; where that leaves no plan, as the later
-        calls are, with a :class:`BudgetWarning` that this step can exceed the budget."""
-        m, asked = self.calls, self.budget.nbytes or 0
+        calls are, with a :class:`BudgetWarning` that this step can exceed the budget.
+
+        A graph that runs ``runs`` times in one call (a layer loop broken by a branch on a
+        tensor: every layer's body is one graph) is planned so too, its ``m`` = calls x runs
+        runs each holding ``h`` until its backward, but their gradients are each layer's own
+        (not accumulated): while run ``j``'s backward runs, the ``j - 1`` before it hold ``h``
+        and the ``m - j`` after it left ``G`` each, at most ``(m - 1) max(h, G)``."""
+        m, asked = self.calls * runs, self.budget.nbytes or 0
         net = max(asked - ddp_reserve() - fsdp_reserve() - base, 0)
         grads = _gradient_bytes(jg.graph)
         free = net - self._least_peak(jg.graph, profile_id)  # what the other calls may hold
-        most = free // (m - 1) if grads <= free else 0
-        if m > 2:
-            most = min(most, max(free - grads, 0) // (m - 2))
+        if runs > 1:
+            most = free // (m - 1) if grads * (m - 1) <= free else 0
+        else:
+            most = free // (m - 1) if grads <= free else 0
+            if m > 2:
+                most = min(most, max(free - grads, 0) // (m - 2))
         h = most // 2
 
         def others(held: int) -> int:
+            if runs > 1:
+                return (m - 1) * max(held, grads)
             return max((m - 2) * held + grads, (m - 1) * held)
 
         error: InfeasibleBudgetError | None = None
@@ -1232,6 +1268,15 @@ class Planner:
                 )
             return got
         assert error is not None
+        if runs > 1:
+            error.add_note(
+                f"This graph ran {runs} times in one step (a loop over layers broken by a branch on a tensor, as "
+                "LayerDrop's is, runs each layer's body as one graph): each run keeps what its backward needs while "
+                f"the later ones run, and each backward runs beside the gradients the ones after it left "
+                f"({format_bytes(grads)} each). Raise the budget, or set the layer dropping to 0 so that the loop is "
+                "one graph"
+            )
+            raise error
         error.add_note(
             f"The module is called {m} times before a backward (two views of a batch, a GAN's discriminator on "
             "real and fake data, micro-batches summed into one loss): each call keeps what its backward needs "
@@ -1278,7 +1323,12 @@ class Planner:
         return int(max(rates, default=0.0) * _tangent_bytes(graph))
 
     def check_step(
-        self, step: object, peak: int, boundary: int | None = None, apart: int | None = None
+        self,
+        step: object,
+        peak: int,
+        boundary: int | None = None,
+        apart: int | None = None,
+        ran: Mapping[int, int] | None = None,
     ) -> str | None:
         """The verdict on a training step measured whole (:mod:`checkmate.stepcheck`) at
         ``peak`` bytes (``boundary``: its peak from the forward's return to the backward's
@@ -1286,7 +1336,10 @@ class Planner:
         span, where the module runs, when measured): None when it is within
         the byte budget, or when it measured what its one graph measured compiled alone
         (over the budget by the plan's own excess, which the compiled check warned of:
-        nothing is held outside); ``"replan"`` when it is not, the first time for this step:
+        nothing is held outside); ``"replan"`` when it is not, the first time for this step
+        or the first time one of its graphs ran more than once (``ran``: record index -> how
+        many times its forward ran in the step; each run is then planned beside the others:
+        ``runs``):
         the bytes beyond what its plans hold at their forward/backward boundary are held
         outside the module (``outside``), and the step is to be compiled again with that
         room; else the warning to give. A step planned with a guessed room for a loss that
@@ -1337,6 +1390,18 @@ class Planner:
                 "" if boundary is None else f" ({format_bytes(boundary)} between its forward and backward)",
             )
             return None
+        if self._repeated(ran or {}):
+            # a graph ran more often than it was planned for: what the runs before its backward
+            # held is no memory outside. Planned for them first; measured over again after, the
+            # rest is held outside (below)
+            log.info(
+                "the training step measured %s, over its budget of %s, running graphs more times than "
+                "they were planned for (%s): compiling it again, each run planned beside the others",
+                format_bytes(peak),
+                format_bytes(asked),
+                ", ".join(f"graph {i} {n} times" for i, n in sorted((ran or {}).items()) if n > 1),
+            )
+            return "replan"
         alone = _measured_alone([self.records[i] for i in graphs]) if self.calls == 1 else None
         if not self.outside and alone is not None and peak <= STEP_SLACK * alone:
             # what its graph measured compiled, alone: its plan's own excess, which the compiled
@@ -1373,6 +1438,18 @@ class Planner:
             f"it could not make fit. Compute the loss inside the optimized module's forward (it is then "
             f"planned with the step), or raise the budget to {format_bytes(peak)}"
         )
+
+    def _repeated(self, ran: Mapping[int, int]) -> bool:
+        """Record in ``runs`` the graphs that ran more than once in a step measured whole
+        (``ran``: record index -> runs), more times than their structure was planned for:
+        True when there is one (the step is to be planned again)."""
+        more = False
+        for i, n in ran.items():
+            shape = structure(self.records[i].joint.graph)
+            if n > self.runs.get(shape, 1):
+                self.runs[shape] = n
+                more = True
+        return more
 
     def unmeasured(self, step: object) -> bool:
         """A step that cannot be measured whole (other optimized modules run inside it: the

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import checkmate  # noqa: E402
-from checkmate.api import plans_of  # noqa: E402
+from checkmate.api import _PATH_TRIES, plans_of  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
 from checkmate.stepcheck import STEP_SLACK  # noqa: E402
 
@@ -361,3 +361,94 @@ def test_room_given_back_stays_at_the_boundary_where_the_loss_runs(monkeypatch: 
     first, *_, last = plans_of(opt)
     assert all(p <= STEP_SLACK * budget for p in measured), [p / budget for p in measured]
     assert last.overhead < first.overhead
+
+
+@pytest.fixture
+def fresh_dynamo() -> Any:
+    """Dynamo's caches reset around the test: the blocks' forward is one code object across
+    tests, each compile of it a cache entry, and eight (Dynamo's recompile limit) would have
+    the second test's blocks run eagerly."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class _Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(nn.functional.gelu(self.up(x)))
+
+
+class _Skipping(nn.Module):
+    """Blocks kept where ``keep`` says. The branch on a tensor breaks the loop, as LayerDrop's
+    ``if torch.rand([]) < p`` does (a Hugging Face wav2vec2's), so Dynamo runs the loop eagerly
+    and compiles the blocks' forward: one graph, run once per block kept (the first block's,
+    whose input needs no gradient, is another)."""
+
+    def __init__(self, blocks: int = 4, width: int = 256) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Block(width) for _ in range(blocks))
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            if keep[i]:
+                x = block(x)
+        return nn.functional.cross_entropy(self.head(x), y)
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_a_step_running_its_graphs_more_often_than_any_measured_is_measured_and_planned_for() -> None:
+    # steps of one input signature keeping one block, measured whole within the budget, then
+    # steps keeping all four: the block's graph runs three times more, each run holding what it
+    # saved. Unchecked, they stepped at 1.21x the budget, silently; planned again with the runs
+    # taken for memory held outside the module, at 1.15x, with a BudgetWarning
+    torch.manual_seed(0)
+    model = _Skipping()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(512, 256, generator=g), torch.randint(0, 10, (512,), generator=g)
+    one, every = torch.tensor([True, False, False, False]), torch.ones(4, dtype=torch.bool)
+    budget = int(0.6 * measure_peak(lambda: copy.deepcopy(model)(x, y, every).backward()))
+    opt = checkmate.optimize(model, budget, time_limit=5)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0)  # its step closes the measurement
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", checkmate.BudgetWarning)
+        for keep in [one] * 4 + [every] * 5:
+            opt(x, y, keep).backward()
+            sgd.step()
+            sgd.zero_grad()
+        peaks = [measure_peak(lambda: opt(x, y, every).backward()) for _ in range(2)]
+        model.zero_grad()
+    print(f"measured {[round(p / budget, 3) for p in peaks]}x the budget")
+    assert max(peaks) <= STEP_SLACK * budget
+    planner = opt.__dict__["_checkmate_state"].planner
+    assert sorted(planner.runs.values()) == [3]  # the blocks' graph, planned for its three runs
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_a_step_running_its_graphs_more_often_that_never_comes_back_to_be_measured_warns_once() -> None:
+    # after a step keeping every block, the steps measured to meet another keep one block each:
+    # none covers it, and after _PATH_TRIES of them a BudgetWarning says its peak is unchecked
+    torch.manual_seed(0)
+    model = _Skipping()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(512, 256, generator=g), torch.randint(0, 10, (512,), generator=g)
+    one, every = torch.tensor([True, False, False, False]), torch.ones(4, dtype=torch.bool)
+    budget = int(0.6 * measure_peak(lambda: copy.deepcopy(model)(x, y, every).backward()))
+    opt = checkmate.optimize(model, budget, time_limit=5)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+    state = opt.__dict__["_checkmate_state"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for keep in [one] * 3 + [every] + [one] * (_PATH_TRIES + 4):
+            opt(x, y, keep).backward()
+            sgd.step()
+            sgd.zero_grad()
+    said = [str(w.message) for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
+    measured = [len(paths) for paths in state.measured_paths.values()]
+    print(said, measured)
+    assert len(said) == 1 and "ran the module's graphs a varying number of times" in said[0]
+    assert measured == [1 + _PATH_TRIES]  # the first step measured, then as many more, and no more
