@@ -102,8 +102,8 @@ class CheckmateState:
             opened: another one inside the window (each block of a model optimized apart)
             makes the measurement no measure of this module's step.
         stepped: input signatures whose step was measured whole (byte budgets).
-        window_path: how many times each graph's forward ran in the step ``window``
-            measures (:attr:`~checkmate.runtime.Planner.ran`).
+        window_path: how many times each graph's forward ran in a call of the step
+            ``window`` measures (:attr:`~checkmate.runtime.Planner.ran`; the most of its calls).
         measured_paths: input signature -> ``window_path`` of each of its steps measured
             whole since the module was last compiled again.
         uncovered: input signature -> a step of it that ran some graph more often than any
@@ -650,7 +650,8 @@ def _training_call(
         state.planner.pending_held = 0  # only the call that found more calls held plans beside them
     ran = Counter(state.planner.ran)
     if state.window is not None:
-        state.window_path = state.window_path + ran if again else ran
+        # per call: the module's calls held at once are planned as such (Planner.calls)
+        state.window_path = state.window_path | ran if again else ran
     elif (
         key in state.stepped
         and state.path_tries.get(key, _PATH_TRIES) > 0
