@@ -400,6 +400,18 @@ class _Skipping(nn.Module):
         return nn.functional.cross_entropy(self.head(x), y)
 
 
+def _skipping() -> tuple[nn.Module, nn.Module, int, tuple[Any, Any], tuple[Any, Any]]:
+    """The model, it optimized at 0.6 of eager's peak for a step keeping every block, that
+    budget, a batch, and the masks keeping one block and every block."""
+    torch.manual_seed(0)
+    model = _Skipping()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(512, 256, generator=g), torch.randint(0, 10, (512,), generator=g)
+    one, every = torch.tensor([True, False, False, False]), torch.ones(4, dtype=torch.bool)
+    budget = int(0.6 * measure_peak(lambda: copy.deepcopy(model)(x, y, every).backward()))
+    return model, checkmate.optimize(model, budget, time_limit=5), budget, (x, y), (one, every)
+
+
 @pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.parametrize("first", ["one", "every"])
 def test_a_step_running_its_graphs_more_often_than_any_measured_is_measured_and_planned_for(
@@ -410,13 +422,7 @@ def test_a_step_running_its_graphs_more_often_than_any_measured_is_measured_and_
     # saved. Unchecked, they stepped at 1.21x the budget, silently. Planned again with the runs
     # taken for memory held outside the module (as steps keeping all four from the first were),
     # they stepped at 1.15x, with a BudgetWarning
-    torch.manual_seed(0)
-    model = _Skipping()
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(512, 256, generator=g), torch.randint(0, 10, (512,), generator=g)
-    one, every = torch.tensor([True, False, False, False]), torch.ones(4, dtype=torch.bool)
-    budget = int(0.6 * measure_peak(lambda: copy.deepcopy(model)(x, y, every).backward()))
-    opt = checkmate.optimize(model, budget, time_limit=5)
+    model, opt, budget, (x, y), (one, every) = _skipping()
     sgd = torch.optim.SGD(model.parameters(), lr=0.0)  # its step closes the measurement
     with warnings.catch_warnings():
         warnings.simplefilter("error", checkmate.BudgetWarning)
@@ -436,13 +442,7 @@ def test_a_step_running_its_graphs_more_often_than_any_measured_is_measured_and_
 def test_a_step_running_its_graphs_more_often_that_never_comes_back_to_be_measured_warns_once() -> None:
     # after a step keeping every block, the steps measured to meet another keep one block each:
     # none covers it, and after _PATH_TRIES of them a BudgetWarning says its peak is unchecked
-    torch.manual_seed(0)
-    model = _Skipping()
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(512, 256, generator=g), torch.randint(0, 10, (512,), generator=g)
-    one, every = torch.tensor([True, False, False, False]), torch.ones(4, dtype=torch.bool)
-    budget = int(0.6 * measure_peak(lambda: copy.deepcopy(model)(x, y, every).backward()))
-    opt = checkmate.optimize(model, budget, time_limit=5)
+    model, opt, _, (x, y), (one, every) = _skipping()
     sgd = torch.optim.SGD(model.parameters(), lr=0.0)
     state = opt.__dict__["_checkmate_state"]
     with warnings.catch_warnings(record=True) as caught:
