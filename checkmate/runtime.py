@@ -271,7 +271,8 @@ class Planner:
         runs: a graph's structure -> the most times a graph of it ran in one step measured
             whole (:meth:`check_step`), where more than once: each run holds what it saved
             while the next ones run, and each is planned beside the others
-            (:meth:`_solve_beside_calls`).
+            (:meth:`_solve_beside_calls`; where no plan fits so, as one run, with a
+            :class:`BudgetWarning`: :meth:`_warn_runs`).
         split: step signature -> per graph of a call of that step, in call order, the
             gradient bytes it left and its least peak, where those graphs together exceeded a
             byte budget: the step is compiled again (``replan_pending``, for the caller) and
@@ -389,6 +390,7 @@ class Planner:
     calls: int = field(default=1, repr=False)
     pending_held: int = field(default=0, repr=False)
     warned_calls: bool = field(default=False, repr=False)
+    warned_runs: bool = field(default=False, repr=False)
     calls_warning: str | None = field(default=None, repr=False)
     #: the last graph's plan was checked, and is to be compiled, without Inductor's buffer reuse
     reuse_refused: bool = field(default=False, repr=False)
@@ -1181,9 +1183,15 @@ class Planner:
         base = before + (self._outside_room(jg.graph) or guess)  # + code outside the module (check_step)
         at_boundary, beside = self._later_room(jg.graph, profile_id)
         runs = self.runs.get(structure(jg.graph), 1) if self.runs else 1
-        if (self.calls > 1 or runs > 1) and self.budget.nbytes is not None:
-            # the module's other calls beside it, or the graph's other runs in the step
+        if self.calls > 1 and self.budget.nbytes is not None:  # the module's other calls beside it
             return self._solve_beside_calls(jg, profile_id, base + beside, runs)
+        if runs > 1 and self.budget.nbytes is not None:  # the graph's other runs in the step
+            try:
+                return self._solve_beside_calls(jg, profile_id, base + beside, runs)
+            except InfeasibleBudgetError as exc:
+                # no plan fits beside its runs: planned as it was (each run alone), and warned of;
+                # the step measured over the budget is then planned with room as for memory outside
+                self._warn_runs(runs, exc)
         # room the boundary needs beyond what the whole run leaves: for the graphs after this
         # one, and for code outside the module (measured there: check_step)
         extra = at_boundary - beside + self._outside_room(jg.graph, self.outside_boundary)
@@ -1268,22 +1276,29 @@ class Planner:
                 )
             return got
         assert error is not None
-        if runs > 1:
-            error.add_note(
-                f"This graph ran {runs} times in one step (a loop over layers broken by a branch on a tensor, as "
-                "LayerDrop's is, runs each layer's body as one graph): each run keeps what its backward needs while "
-                f"the later ones run, and each backward runs beside the gradients the ones after it left "
-                f"({format_bytes(grads)} each). Raise the budget, or set the layer dropping to 0 so that the loop is "
-                "one graph"
-            )
-            raise error
         error.add_note(
-            f"The module is called {m} times before a backward (two views of a batch, a GAN's discriminator on "
+            f"The module is called {self.calls} times before a backward (two views of a batch, a GAN's discriminator on "
             "real and fake data, micro-batches summed into one loss): each call keeps what its backward needs "
             "while the later ones run, and each backward but the first runs beside the gradients the ones before "
             f"it left ({format_bytes(grads)}). Raise the budget, or run each call's backward before the next call"
         )
         raise error
+
+    def _warn_runs(self, runs: int, exc: InfeasibleBudgetError) -> None:
+        """Once, the :class:`BudgetWarning` (``calls_warning``, for the caller to issue) that a
+        graph that ran ``runs`` times in one step has no plan that fits the budget beside its
+        other runs (``exc``): it is planned as one run, and its steps can exceed the budget."""
+        if self.warned_runs:
+            return
+        self.warned_runs = True
+        self.calls_warning = (
+            f"a graph of this step ran {runs} times in it (a loop over layers broken by a branch on a tensor, as "
+            "LayerDrop's is, runs each layer's body as one graph), each run keeping what its backward needs while "
+            f"the later ones run, and no plan of it fits the budget of {format_bytes(self.budget.nbytes or 0)} "
+            f"beside its other runs (its least peak found: {format_bytes(int(exc.minimum or 0))}): it is "
+            "planned as it was, and these steps can exceed the budget. Raise the budget, or set the layer "
+            "dropping to 0 (Hugging Face: layerdrop) so that the loop is one graph, planned whole"
+        )
 
     def _warn_calls(self, why: str) -> None:
         """Once, the :class:`BudgetWarning` (``calls_warning``, for the caller to issue at the

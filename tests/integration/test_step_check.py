@@ -400,15 +400,15 @@ class _Skipping(nn.Module):
         return nn.functional.cross_entropy(self.head(x), y)
 
 
-def _skipping() -> tuple[nn.Module, nn.Module, int, tuple[Any, Any], tuple[Any, Any]]:
-    """The model, it optimized at 0.6 of eager's peak for a step keeping every block, that
-    budget, a batch, and the masks keeping one block and every block."""
+def _skipping(fraction: float = 0.6) -> tuple[nn.Module, nn.Module, int, tuple[Any, Any], tuple[Any, Any]]:
+    """The model, it optimized at ``fraction`` of eager's peak for a step keeping every block,
+    that budget, a batch, and the masks keeping one block and every block."""
     torch.manual_seed(0)
     model = _Skipping()
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(512, 256, generator=g), torch.randint(0, 10, (512,), generator=g)
     one, every = torch.tensor([True, False, False, False]), torch.ones(4, dtype=torch.bool)
-    budget = int(0.6 * measure_peak(lambda: copy.deepcopy(model)(x, y, every).backward()))
+    budget = int(fraction * measure_peak(lambda: copy.deepcopy(model)(x, y, every).backward()))
     return model, checkmate.optimize(model, budget, time_limit=5), budget, (x, y), (one, every)
 
 
@@ -456,3 +456,20 @@ def test_a_step_running_its_graphs_more_often_that_never_comes_back_to_be_measur
     print(said, measured)
     assert len(said) == 1 and "ran the module's graphs a varying number of times" in said[0]
     assert measured == [1 + _PATH_TRIES]  # the first step measured, then as many more, and no more
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_a_graph_whose_runs_no_plan_fits_beside_each_other_is_planned_as_one_run_and_warned_of() -> None:
+    # at 0.45 of eager's peak the blocks' graph (least peak 7.00 MiB, 2.50 MiB of gradients a
+    # run) has no plan beside its two other runs: planned as it was, the steps go on, warned of
+    model, opt, _budget, (x, y), (_, every) = _skipping(0.45)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(6):
+            opt(x, y, every).backward()
+            sgd.step()
+            sgd.zero_grad()
+    said = [str(w.message) for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
+    print(said)
+    assert any("ran 3 times in it" in m and "no plan of it fits the budget" in m for m in said)
