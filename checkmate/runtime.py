@@ -1584,10 +1584,15 @@ class Planner:
 
     def _held_before(self) -> int:
         """Under a byte budget, the simulated bytes the graphs compiled earlier in this call
-        hold at their forward/backward boundary (0 for a fraction: each graph's own)."""
+        hold at their forward/backward boundary (0 for a fraction: each graph's own), each as
+        many times as it runs in a step (``runs``: a BART's encoder layers, before its decoder's)."""
         if self.budget.nbytes is None or not self.call:
             return 0
-        return sum(_held_bytes(self.records[i])[0] for i in self.call)
+        return sum(_held_bytes(self.records[i])[0] * self._runs_of(i) for i in self.call)
+
+    def _runs_of(self, index: int) -> int:
+        """How many times the graph of record ``index`` runs in a step, as measured (``runs``)."""
+        return self.runs.get(structure(self.records[index].joint.graph), 1) if self.runs else 1
 
     def _solve(
         self, jg: JointGraph, profile_id: str, earlier: int = 0, room: int | None = None
