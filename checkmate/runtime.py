@@ -1182,7 +1182,7 @@ class Planner:
             self.loss_guess[self.step] = guess
         base = before + (self._outside_room(jg.graph) or guess)  # + code outside the module (check_step)
         at_boundary, beside = self._later_room(jg.graph, profile_id)
-        runs = self.runs.get(structure(jg.graph), 1) if self.runs else 1
+        runs = self._runs_of(jg.graph)
         if self.calls > 1 and self.budget.nbytes is not None:  # the module's other calls beside it
             return self._solve_beside_calls(jg, profile_id, base + beside, runs)
         if runs > 1 and self.budget.nbytes is not None:  # the graph's other runs in the step
@@ -1588,11 +1588,13 @@ class Planner:
         many times as it runs in a step (``runs``: a BART's encoder layers, before its decoder's)."""
         if self.budget.nbytes is None or not self.call:
             return 0
-        return sum(_held_bytes(self.records[i])[0] * self._runs_of(i) for i in self.call)
+        return sum(
+            _held_bytes(self.records[i])[0] * self._runs_of(self.records[i].joint.graph) for i in self.call
+        )
 
-    def _runs_of(self, index: int) -> int:
-        """How many times the graph of record ``index`` runs in a step, as measured (``runs``)."""
-        return self.runs.get(structure(self.records[index].joint.graph), 1) if self.runs else 1
+    def _runs_of(self, graph: Graph) -> int:
+        """How many times a graph of ``graph``'s structure runs in a step, as measured (``runs``)."""
+        return self.runs.get(structure(graph), 1) if self.runs else 1
 
     def _solve(
         self, jg: JointGraph, profile_id: str, earlier: int = 0, room: int | None = None
