@@ -1405,7 +1405,7 @@ class Planner:
                 "" if boundary is None else f" ({format_bytes(boundary)} between its forward and backward)",
             )
             return None
-        if self._repeated(ran or {}):
+        if self.ran_more(ran or {}):
             # a graph ran more often than it was planned for: what the runs before its backward
             # held is no memory outside. Planned for them first; measured over again after, the
             # rest is held outside (below)
@@ -1454,10 +1454,11 @@ class Planner:
             f"planned with the step), or raise the budget to {format_bytes(peak)}"
         )
 
-    def _repeated(self, ran: Mapping[int, int]) -> bool:
-        """Record in ``runs`` the graphs that ran more than once in a step measured whole
-        (``ran``: record index -> runs), more times than their structure was planned for:
-        True when there is one (the step is to be planned again)."""
+    def ran_more(self, ran: Mapping[int, int]) -> bool:
+        """Record in ``runs`` the graphs that ran more than once in a step (``ran``: record
+        index -> runs; measured whole over the budget, or a step that cannot be measured),
+        more times than their structure was planned for: True when there is one (the step is
+        to be planned again)."""
         more = False
         for i, n in ran.items():
             shape = structure(self.records[i].joint.graph)

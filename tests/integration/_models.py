@@ -75,6 +75,35 @@ class Block(nn.Module):
         return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
 
 
+class MLPBlock(nn.Module):
+    """A residual MLP block: x + down(gelu(up(x)))."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(nn.functional.gelu(self.up(x)))
+
+
+class Skipping(nn.Module):
+    """Blocks kept where ``keep`` says. The branch on a tensor breaks the loop, as LayerDrop's
+    ``if torch.rand([]) < p`` does (a Hugging Face wav2vec2's), so Dynamo runs the loop eagerly
+    and compiles the blocks' forward: one graph, run once per block kept (the first block's,
+    whose input needs no gradient, is another)."""
+
+    def __init__(self, blocks: int = 4, width: int = 256) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(MLPBlock(width) for _ in range(blocks))
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            if keep[i]:
+                x = block(x)
+        return nn.functional.cross_entropy(self.head(x), y)
+
+
 class TinyTransformer(nn.Module):
     def __init__(self, vocab: int = 64, d: int = 64, layers: int = 2, p: float = 0.0) -> None:
         super().__init__()

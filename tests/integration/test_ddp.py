@@ -479,6 +479,70 @@ def test_ddp_graph_splits_hold_a_byte_budget_or_say_they_cannot(
                 )
 
 
+def _skipping_worker(rank: int, port: int, out: str, split: bool) -> None:
+    """Blocks kept where a mask says (LayerDrop's graph break: one graph run once per block
+    kept), under DDP at 0.8 of eager DDP's peak: four steps keeping one block, five keeping
+    all four, then two measured."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import checkmate
+    from checkmate.memory import measure_peak
+    from tests.integration._models import Skipping
+
+    torch._dynamo.config.optimize_ddp = split  # this rank's process only
+    with process_group(rank, port, WORLD):
+        torch.manual_seed(0)
+        model = Skipping()
+        g = torch.Generator().manual_seed(rank)
+        x, y = torch.randn(2048, 256, generator=g), torch.randint(0, 10, (2048,), generator=g)
+        one, every = torch.tensor([True, False, False, False]), torch.ones(4, dtype=torch.bool)
+        eager = DDP(copy.deepcopy(model), find_unused_parameters=True)
+        eager(x, y, every).backward()
+        eager.zero_grad(set_to_none=True)
+        asked = torch.tensor([int(0.8 * measure_peak(lambda: eager(x, y, every).backward()))])
+        torch.distributed.all_reduce(asked, torch.distributed.ReduceOp.MIN)
+        budget = int(asked.item())
+        opt = checkmate.optimize(model, budget, time_limit=5.0)
+        planned = DDP(opt, find_unused_parameters=True)
+        sgd = torch.optim.SGD(planned.parameters(), lr=0.0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for keep in [one] * 4 + [every] * 5:
+                planned(x, y, keep).backward()
+                sgd.step()
+                sgd.zero_grad()
+            peaks = [measure_peak(lambda: planned(x, y, every).backward()) for _ in range(2)]
+        said = [str(w.message) for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
+        runs = sorted(opt.__dict__["_checkmate_state"].planner.runs.values())
+    doc = {"budget": budget, "peak": max(peaks), "warnings": said, "runs": runs}
+    Path(out, f"rank{rank}.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-graph", "bucket-splits"])
+def test_a_graph_run_more_often_than_planned_under_ddp_on_the_cpu_is_planned_for_its_runs(
+    tmp_path: Path, split: bool
+) -> None:
+    # on the CPU under torch.distributed a step is not measured whole, so the step check never
+    # saw the blocks' graph run three times where steps keeping one block ran it once: every
+    # run kept all it saved, and steps ran at eager DDP's peak, 1.25x the budget, silently (as
+    # one graph and with DDP's bucket splits alike). Now the runs counted say so: as one graph
+    # (optimize_ddp = False) each run is planned beside the others and the step fits; split at
+    # DDP's buckets, no plans of the halves fit beside their runs, and a BudgetWarning says so
+    spawn(_skipping_worker, (free_port(), str(tmp_path), split), WORLD)
+    for r in range(WORLD):
+        doc = json.loads((tmp_path / f"rank{r}.json").read_text())
+        ratio = doc["peak"] / doc["budget"]
+        print(f"rank {r}: {ratio:.3f}x the budget, runs {doc['runs']}, {doc['warnings']}")
+        assert doc["runs"] and max(doc["runs"]) >= 3, f"rank {r}: runs planned for {doc['runs']}"
+        if not split:
+            assert ratio <= 1.0, f"rank {r}: {ratio:.3f}x the budget"
+            assert not doc["warnings"], doc["warnings"]
+        else:
+            assert ratio <= 1.0 or any("times in it" in w for w in doc["warnings"]), (
+                f"rank {r}: {ratio:.3f}x the budget, unwarned"
+            )
+
+
 def _asleep(rank: int) -> None:
     time.sleep(600)
 

@@ -20,6 +20,7 @@ import checkmate  # noqa: E402
 from checkmate.api import _PATH_TRIES, plans_of  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
 from checkmate.stepcheck import STEP_SLACK  # noqa: E402
+from tests.integration._models import Skipping  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -373,38 +374,11 @@ def fresh_dynamo() -> Any:
     torch._dynamo.reset()
 
 
-class _Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(nn.functional.gelu(self.up(x)))
-
-
-class _Skipping(nn.Module):
-    """Blocks kept where ``keep`` says. The branch on a tensor breaks the loop, as LayerDrop's
-    ``if torch.rand([]) < p`` does (a Hugging Face wav2vec2's), so Dynamo runs the loop eagerly
-    and compiles the blocks' forward: one graph, run once per block kept (the first block's,
-    whose input needs no gradient, is another)."""
-
-    def __init__(self, blocks: int = 4, width: int = 256) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(_Block(width) for _ in range(blocks))
-        self.head = nn.Linear(width, 10)
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        for i, block in enumerate(self.blocks):
-            if keep[i]:
-                x = block(x)
-        return nn.functional.cross_entropy(self.head(x), y)
-
-
 def _skipping(fraction: float = 0.6) -> tuple[nn.Module, nn.Module, int, tuple[Any, Any], tuple[Any, Any]]:
     """The model, it optimized at ``fraction`` of eager's peak for a step keeping every block,
     that budget, a batch, and the masks keeping one block and every block."""
     torch.manual_seed(0)
-    model = _Skipping()
+    model = Skipping()
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(512, 256, generator=g), torch.randint(0, 10, (512,), generator=g)
     one, every = torch.tensor([True, False, False, False]), torch.ones(4, dtype=torch.bool)
