@@ -1112,10 +1112,10 @@ def _check_reentry(module: nn.Module, state: CheckmateState) -> None:
 
 
 def _warn_calls(state: CheckmateState) -> None:
-    """The planner's :class:`BudgetWarning` that this step, which found the module called
-    again before earlier calls' backward, can exceed the budget; at the line that called it."""
-    message, state.planner.calls_warning = state.planner.calls_warning, None
-    if message is not None:
+    """The planner's :class:`BudgetWarning` messages that this step can exceed the budget (it found
+    the module called again before earlier calls' backward; no plan of a graph fits beside its
+    runs); at the line that called it."""
+    for message in state.planner.take_warnings():
         warnings.warn(message, BudgetWarning, stacklevel=_caller_level())
 
 

@@ -345,6 +345,7 @@ class Planner:
             calls before it hold, simulated: its graphs are planned to fit beside that too.
         calls_warning: a :class:`BudgetWarning` for the caller to issue, once: the step that
             found more calls held at once can exceed the budget (:meth:`_warn_calls`).
+        runs_warning: the same, that no plan of a graph fits beside its runs (:meth:`_warn_runs`).
     """
 
     budget: Budget
@@ -392,6 +393,7 @@ class Planner:
     warned_calls: bool = field(default=False, repr=False)
     warned_runs: bool = field(default=False, repr=False)
     calls_warning: str | None = field(default=None, repr=False)
+    runs_warning: str | None = field(default=None, repr=False)
     #: the last graph's plan was checked, and is to be compiled, without Inductor's buffer reuse
     reuse_refused: bool = field(default=False, repr=False)
 
@@ -471,14 +473,18 @@ class Planner:
     def _needs(self, profile_id: str) -> tuple[tuple[int, int], ...]:
         """Per graph of the current call, in call order, what it needs while the others run
         (``split``): the gradient bytes its backward leaves (held while an earlier graph's
-        backward runs), and its least peak (the room the earlier graphs must leave it; 0 for
-        the first)."""
+        backward runs; each of its ``runs``' own), and its least peak (the room the earlier
+        graphs must leave it; 0 for the first)."""
+        graphs = [self.records[i].joint.graph for i in self.call]
+        runs = [self._runs_of(graph) for graph in graphs]
+        # a graph that runs r times (a layer loop's): each run's gradients its own, and beside
+        # its least peak its other runs hold at least those
         return tuple(
             (
-                _gradient_bytes(self.records[i].joint.graph),
-                self._least_peak(self.records[i].joint.graph, profile_id) if k else 0,
+                _gradient_bytes(graph) * r,
+                self._least_peak(graph, profile_id) + (r - 1) * _gradient_bytes(graph) if k else 0,
             )
-            for k, i in enumerate(self.call)
+            for k, (graph, r) in enumerate(zip(graphs, runs))
         )
 
     def held_at_once(self, calls: int, pending: Sequence[object]) -> bool:
@@ -869,13 +875,20 @@ class Planner:
         the graphs before it hold what their forwards handed to their backwards (``S``, the
         bytes at a graph's forward/backward boundary), and the graphs after it the gradients
         their backwards left (``G``). Simulated, the step's peak is
-        ``max_j(sum_{i<j} S_i + P_j + sum_{k>j} G_k)``, ``P`` a graph's own peak."""
+        ``max_j(sum_{i<j} S_i + P_j + sum_{k>j} G_k)``, ``P`` a graph's own peak; a graph that
+        runs ``r`` times counts ``r S`` and ``r G``, and ``P + (r - 1) max(S, G)`` beside its
+        own other runs."""
         asked = self.budget.nbytes
         assert asked is not None
         buckets = ddp_reserve()
         beside = buckets + fsdp_reserve()  # DDP's buckets, FSDP2's parameters: beside every graph
         nbytes = max(asked - beside - self._share_of_others(), 1)  # and the module's other calls' share
-        parts = [_held_bytes(self.records[i]) for i in self.call]
+        # a graph that runs r times in the step (a layer loop's) holds r times what one run does,
+        # and its own other runs hold, beside its peak, at most (r - 1) max(S, G) (as planned:
+        # _solve_beside_calls)
+        one = [_held_bytes(self.records[i]) for i in self.call]
+        runs = [self._runs_of(self.records[i].joint.graph) for i in self.call]
+        parts = [(s * r, p + (r - 1) * max(s, g), g * r) for (s, p, g), r in zip(one, runs)]
         estimates = [
             sum(s for s, _, _ in parts[:j]) + parts[j][1] + sum(g for _, _, g in parts[j + 1 :])
             for j in range(len(parts))
@@ -909,7 +922,9 @@ class Planner:
         )
         warnings.warn(
             f"{split} into {len(parts)} graphs, and no plans of them fit a byte budget together: while "
-            f"graph {self.call[worst]} runs (its own peak {format_bytes(parts[worst][1])}), the graphs "
+            f"graph {self.call[worst]} runs (its own peak {format_bytes(one[worst][1])}"
+            + (f", beside its {runs[worst] - 1} other runs in the step" if runs[worst] > 1 else "")
+            + "), the graphs "
             f"before it hold {format_bytes(held)} for their backward and those after it the gradients "
             f"they left, so the step can reach about {format_bytes(estimates[worst])} "
             f"({estimates[worst] / nbytes:.2f}x the {format_bytes(nbytes)} of the budget left to the graphs"
@@ -1285,13 +1300,15 @@ class Planner:
         raise error
 
     def _warn_runs(self, runs: int, exc: InfeasibleBudgetError) -> None:
-        """Once, the :class:`BudgetWarning` (``calls_warning``, for the caller to issue) that a
-        graph that ran ``runs`` times in one step has no plan that fits the budget beside its
-        other runs (``exc``): it is planned as one run, and its steps can exceed the budget."""
+        """Once, the :class:`BudgetWarning` (``runs_warning``, for the caller to issue unless
+        the step is compiled again with the needs of its graphs in view: :meth:`take_warnings`)
+        that a graph that ran ``runs`` times in one step has no plan that fits the budget
+        beside its other runs (``exc``): it is planned as one run, and its steps can exceed
+        the budget."""
         if self.warned_runs:
             return
         self.warned_runs = True
-        self.calls_warning = (
+        self.runs_warning = (
             f"a graph of this step ran {runs} times in it (a loop over layers broken by a branch on a tensor, as "
             "LayerDrop's is, runs each layer's body as one graph), each run keeping what its backward needs while "
             f"the later ones run, and no plan of it fits the budget of {format_bytes(self.budget.nbytes or 0)} "
@@ -1299,6 +1316,18 @@ class Planner:
             "planned as it was, and these steps can exceed the budget. Raise the budget, or set the layer "
             "dropping to 0 (Hugging Face: layerdrop) so that the loop is one graph, planned whole"
         )
+
+    def take_warnings(self) -> list[str]:
+        """The :class:`BudgetWarning` messages for the caller to issue after a call (each once).
+        That no plan of a graph fits beside its runs waits while the step is to be compiled
+        again with its graphs' needs in view (``replan_pending``): planned so, the graphs
+        before it leave it room (the layer-dropping blocks under DDP at 0.75 of eager DDP's
+        peak: warned, then 0.68x the budget); said if the plans made then do not fit."""
+        said = [m for m in (self.calls_warning, None if self.replan_pending else self.runs_warning) if m]
+        if self.replan_pending and self.runs_warning:
+            self.warned_runs = False  # judged again when planned with the needs in view
+        self.calls_warning = self.runs_warning = None
+        return said
 
     def _warn_calls(self, why: str) -> None:
         """Once, the :class:`BudgetWarning` (``calls_warning``, for the caller to issue at the
@@ -1516,8 +1545,10 @@ class Planner:
             return sum(least for _, least in later), sum(g for g, _ in later)
         total = ddp_reserve()  # one copy of every gradient DDP reduces
         if total:
-            own = _gradient_bytes(graph) + sum(
-                _gradient_bytes(self.records[i].joint.graph) for i in self.call
+            # those of this graph and the ones before it, each run's own (a layer loop's graph)
+            own = sum(
+                _gradient_bytes(g) * self._runs_of(g)
+                for g in [graph, *(self.records[i].joint.graph for i in self.call)]
             )
             return max(total - own, 0), max(total - own, 0)
         if self.more_follows:  # a graph break: the step goes on, on what this graph returns

@@ -479,10 +479,10 @@ def test_ddp_graph_splits_hold_a_byte_budget_or_say_they_cannot(
                 )
 
 
-def _skipping_worker(rank: int, port: int, out: str, split: bool) -> None:
+def _skipping_worker(rank: int, port: int, out: str, split: bool, share: float) -> None:
     """Blocks kept where a mask says (LayerDrop's graph break: one graph run once per block
-    kept), under DDP at 0.8 of eager DDP's peak: four steps keeping one block, five keeping
-    all four, then two measured."""
+    kept), under DDP at ``share`` of eager DDP's peak: four steps keeping one block, five
+    keeping all four, then two measured."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import checkmate
@@ -499,7 +499,7 @@ def _skipping_worker(rank: int, port: int, out: str, split: bool) -> None:
         eager = DDP(copy.deepcopy(model), find_unused_parameters=True)
         eager(x, y, every).backward()
         eager.zero_grad(set_to_none=True)
-        asked = torch.tensor([int(0.8 * measure_peak(lambda: eager(x, y, every).backward()))])
+        asked = torch.tensor([int(share * measure_peak(lambda: eager(x, y, every).backward()))])
         torch.distributed.all_reduce(asked, torch.distributed.ReduceOp.MIN)
         budget = int(asked.item())
         opt = checkmate.optimize(model, budget, time_limit=5.0)
@@ -518,17 +518,19 @@ def _skipping_worker(rank: int, port: int, out: str, split: bool) -> None:
     Path(out, f"rank{rank}.json").write_text(json.dumps(doc))
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["one-graph", "bucket-splits"])
+@pytest.mark.parametrize(("split", "share"), [(False, 0.7), (True, 0.8)], ids=["one-graph", "bucket-splits"])
 def test_a_graph_run_more_often_than_planned_under_ddp_on_the_cpu_is_planned_for_its_runs(
-    tmp_path: Path, split: bool
+    tmp_path: Path, split: bool, share: float
 ) -> None:
     # on the CPU under torch.distributed a step is not measured whole, so the step check never
     # saw the blocks' graph run three times where steps keeping one block ran it once: every
-    # run kept all it saved, and steps ran at eager DDP's peak, 1.25x the budget, silently (as
-    # one graph and with DDP's bucket splits alike). Now the runs counted say so: as one graph
-    # (optimize_ddp = False) each run is planned beside the others and the step fits; split at
-    # DDP's buckets, no plans of the halves fit beside their runs, and a BudgetWarning says so
-    spawn(_skipping_worker, (free_port(), str(tmp_path), split), WORLD)
+    # run kept all it saved, and steps ran at eager DDP's peak (1.43x a budget of 0.7 of it as
+    # one graph, 1.25x of 0.8 split at DDP's buckets), silently. Now the runs counted say so.
+    # As one graph (optimize_ddp = False) each run is planned beside the others, and the graph
+    # before the loop leaves them room (planned alone, it kept all it saved and left the runs
+    # none: 1.41x, warned): the step fits. Split at DDP's buckets, the halves' boundary values
+    # cannot be recomputed, no plans fit together, and a BudgetWarning says so
+    spawn(_skipping_worker, (free_port(), str(tmp_path), split, share), WORLD)
     for r in range(WORLD):
         doc = json.loads((tmp_path / f"rank{r}.json").read_text())
         ratio = doc["peak"] / doc["budget"]
@@ -538,9 +540,9 @@ def test_a_graph_run_more_often_than_planned_under_ddp_on_the_cpu_is_planned_for
             assert ratio <= 1.0, f"rank {r}: {ratio:.3f}x the budget"
             assert not doc["warnings"], doc["warnings"]
         else:
-            assert ratio <= 1.0 or any("times in it" in w for w in doc["warnings"]), (
-                f"rank {r}: {ratio:.3f}x the budget, unwarned"
-            )
+            assert ratio <= 1.0 or any(
+                "DDP's gradient buckets split this step" in w for w in doc["warnings"]
+            ), f"rank {r}: {ratio:.3f}x the budget, unwarned"
 
 
 def _asleep(rank: int) -> None:
