@@ -658,7 +658,7 @@ def _training_call(
         # per call: the module's calls held at once are planned as such (Planner.calls)
         state.window_path = state.window_path | ran if again else ran
     elif key in state.unmeasurable and state.planner.budget.nbytes is not None:
-        if state.planner.ran_more(ran):
+        if state.planner.ran_more(key, ran):
             # no measured step can say whether the runs fit: planned for them, as a step measured
             # over the budget is. The layer-dropping blocks under DDP (two gloo ranks) at 0.9 of
             # eager DDP's peak stepped at 1.11x the budget, unwarned: each run kept all it saved

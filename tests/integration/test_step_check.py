@@ -374,16 +374,19 @@ def fresh_dynamo() -> Any:
     torch._dynamo.reset()
 
 
-def _skipping(fraction: float = 0.6) -> tuple[nn.Module, nn.Module, int, tuple[Any, Any], tuple[Any, Any]]:
-    """The model, it optimized at ``fraction`` of eager's peak for a step keeping every block,
-    that budget, a batch, and the masks keeping one block and every block."""
+def _skipping(
+    fraction: float = 0.6, compiler: str = "aot"
+) -> tuple[nn.Module, nn.Module, int, tuple[Any, Any], tuple[Any, Any]]:
+    """The model, it optimized at ``fraction`` of eager's peak for a step keeping every block
+    (with ``compiler``), that budget, a batch, and the masks keeping one block and every block."""
     torch.manual_seed(0)
     model = Skipping()
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(512, 256, generator=g), torch.randint(0, 10, (512,), generator=g)
     one, every = torch.tensor([True, False, False, False]), torch.ones(4, dtype=torch.bool)
     budget = int(fraction * measure_peak(lambda: copy.deepcopy(model)(x, y, every).backward()))
-    return model, checkmate.optimize(model, budget, time_limit=5), budget, (x, y), (one, every)
+    opt = checkmate.optimize(model, budget, time_limit=5, compiler=compiler)
+    return model, opt, budget, (x, y), (one, every)
 
 
 @pytest.mark.usefixtures("fresh_dynamo")
@@ -447,3 +450,26 @@ def test_a_graph_whose_runs_no_plan_fits_beside_each_other_is_planned_as_one_run
     said = [str(w.message) for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
     print(said)
     assert any("ran 3 times in it" in m and "no plan of it fits the budget" in m for m in said)
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+@pytest.mark.parametrize(("compiler", "fraction"), [("aot", 0.5), ("inductor", 0.6)])
+def test_the_graph_before_a_repeated_one_leaves_room_for_all_its_runs(compiler: str, fraction: float) -> None:
+    # the first block's graph (its input needs no gradient) runs before the blocks' graph runs
+    # three times. Planned again for the runs, the first was planned alone: it kept all it saved
+    # and left the runs no plan beside each other (aot at 0.5 of eager's peak: 1.38x the budget;
+    # inductor at 0.6: 1.09x; both warned). Now every graph of the step is planned with the
+    # others' needs in view, each run's counted
+    model, opt, budget, (x, y), (one, every) = _skipping(fraction, compiler)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", checkmate.BudgetWarning)
+        for keep in [one] * 4 + [every] * 8:
+            opt(x, y, keep).backward()
+            sgd.step()
+            sgd.zero_grad()
+        peaks = [measure_peak(lambda: opt(x, y, every).backward()) for _ in range(2)]
+        model.zero_grad()
+    print(f"measured {[round(p / budget, 3) for p in peaks]}x the budget")
+    assert max(peaks) <= STEP_SLACK * budget
+    assert sorted(opt.__dict__["_checkmate_state"].planner.runs.values()) == [3]
