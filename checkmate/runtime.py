@@ -1489,13 +1489,13 @@ class Planner:
 
     def ran_more(self, step: object, ran: Mapping[int, int]) -> bool:
         """Record in ``runs`` the graphs that ran more than once in a step of signature
-        ``step`` (``ran``: record index -> runs, in the order they first ran; measured whole
-        over the budget, or a step that cannot be measured), more times than their structure was planned for: True when
-        there is one (the step is to be planned again). Under a byte budget, a step of
-        several graphs is then planned with each graph's needs in view (``split``, runs
-        counted): the graphs before a repeated one leave room for all its runs. Planned
-        alone, a graph before the loop kept all it saved and left the runs none (the blocks
-        under Inductor at 0.6 of eager's peak: 1.09x the budget, warned)."""
+        ``step`` (``ran``: record index -> runs, in the order they first ran; a step measured
+        whole over the budget, or one that cannot be measured), more times than their
+        structure was planned for: True when there is one (the step is to be planned again).
+        Under a byte budget, a step of several graphs is then planned with each graph's needs
+        in view (``split``, runs counted): the graphs before a repeated one leave room for all
+        its runs. Planned alone, a graph before the loop kept all it saved and left the runs
+        none (the blocks under Inductor at 0.6 of eager's peak: 1.09x the budget, warned)."""
         more = False
         for i, n in ran.items():
             shape = structure(self.records[i].joint.graph)
