@@ -396,6 +396,9 @@ class Planner:
     calls_warning: str | None = field(default=None, repr=False)
     runs_warning: str | None = field(default=None, repr=False)
     profile_id: str | None = field(default=None, repr=False)
+    #: record index -> its graph's structure, for :meth:`ran_more` (called after every call
+    #: where steps are not measured whole)
+    _structures: dict[int, Hashable] = field(default_factory=dict, repr=False)
     #: the last graph's plan was checked, and is to be compiled, without Inductor's buffer reuse
     reuse_refused: bool = field(default=False, repr=False)
 
@@ -1498,7 +1501,11 @@ class Planner:
         none (the blocks under Inductor at 0.6 of eager's peak: 1.09x the budget, warned)."""
         more = False
         for i, n in ran.items():
-            shape = structure(self.records[i].joint.graph)
+            if n <= 1:  # the usual graph (this runs after every call where steps are not measured)
+                continue
+            shape = self._structures.get(i)
+            if shape is None:
+                shape = self._structures[i] = structure(self.records[i].joint.graph)
             if n > self.runs.get(shape, 1):
                 self.runs[shape] = n
                 more = True
