@@ -341,6 +341,14 @@ class Planner:
             real and fake data, micro-batches whose losses are summed before one backward),
             as the caller found (:meth:`held_at_once`). Under a byte budget each graph is
             planned to fit beside the other calls (:meth:`_solve_beside_calls`).
+        grads_seen: under a byte budget, the most bytes of gradients the module's parameters
+            held when a training call started (accumulated over micro-batches before one
+            optimizer step, or kept by ``zero_grad(set_to_none=False)``), as the caller found.
+        held_grads: the bytes of those the plans are made beside, as DDP's buckets are
+            (:meth:`_beside`): ``grads_seen``, or 0 where no plan fits beside them
+            (:meth:`_without_held_grads`).
+        grads_warning: a :class:`BudgetWarning` for the caller to issue, once: no plan fits
+            beside the gradients held (:meth:`_without_held_grads`).
         pending_held: while the call that found more calls held at once compiles, what the
             calls before it hold, simulated: its graphs are planned to fit beside that too.
         calls_warning: a :class:`BudgetWarning` for the caller to issue, once: the step that
@@ -391,6 +399,10 @@ class Planner:
     warned_given: set[int] = field(default_factory=set, repr=False)
     calls: int = field(default=1, repr=False)
     pending_held: int = field(default=0, repr=False)
+    grads_seen: int = field(default=0, repr=False)
+    held_grads: int = field(default=0, repr=False)
+    grads_warning: str | None = field(default=None, repr=False)
+    warned_grads: bool = field(default=False, repr=False)
     warned_calls: bool = field(default=False, repr=False)
     warned_runs: bool = field(default=False, repr=False)
     calls_warning: str | None = field(default=None, repr=False)
@@ -507,7 +519,7 @@ class Planner:
         held = [_held_bytes(self.records[i]) for step in pending for i in self.latest.get(step, ())]
         self.pending_held = sum(s for s, _, _ in held)
         # the first call's backward runs last, beside the gradients the later calls' left
-        net = self.budget.nbytes - ddp_reserve() - fsdp_reserve()
+        net = self.budget.nbytes - self._beside()
         over = max((p + g - net for _, p, g in held), default=0)
         if over > 0:
             self._warn_calls(
@@ -603,7 +615,12 @@ class Planner:
         beyond: InfeasibleBudgetError | None = None  # the graph model's verdict, overruled below
         with stage("plan", spent):  # reuse a plan of its family, else the plan cache or a solve
             try:
-                res, asked, reused = self._solve_after_earlier(jg, profile_id, guess)
+                try:
+                    res, asked, reused = self._solve_after_earlier(jg, profile_id, guess)
+                except InfeasibleBudgetError as exc:
+                    if not self._without_held_grads(exc):
+                        raise
+                    res, asked, reused = self._solve_after_earlier(jg, profile_id, guess)
             except InfeasibleBudgetError as exc:
                 dropping = self._dropping_outputs(joint, jg, exc, profile_id, compiler)
                 if dropping is not None:
@@ -886,7 +903,7 @@ class Planner:
         asked = self.budget.nbytes
         assert asked is not None
         buckets = ddp_reserve()
-        beside = buckets + fsdp_reserve()  # DDP's buckets, FSDP2's parameters: beside every graph
+        beside = self._beside()  # DDP's buckets, FSDP2's parameters, gradients held: beside every graph
         nbytes = max(asked - beside - self._share_of_others(), 1)  # and the module's other calls' share
         # a graph that runs r times in the step (a layer loop's) holds r times what one run does,
         # and its own other runs hold, beside its peak, at most (r - 1) max(S, G) (as planned:
@@ -918,6 +935,9 @@ class Planner:
                 format_bytes(nbytes),
             )
             return
+        if self._without_held_grads():  # planned again as if none were held, and warned of
+            self.replan_pending = True
+            return
         self.warned_split = True
         held = sum(s for s, _, _ in parts[:worst])
         split = "DDP's gradient buckets split this step" if buckets else "graph breaks split this step"
@@ -935,7 +955,7 @@ class Planner:
             f"before it hold {format_bytes(held)} for their backward and those after it the gradients "
             f"they left, so the step can reach about {format_bytes(estimates[worst])} "
             f"({estimates[worst] / nbytes:.2f}x the {format_bytes(nbytes)} of the budget left to the graphs"
-            + (f" beside {format_bytes(beside)} of DDP's buckets or FSDP2's parameters" if beside else "")
+            + (f" beside {format_bytes(beside)} of {self._beside_what()}" if beside else "")
             + f"). To hold it, {remedy}, or pass a larger budget",
             BudgetWarning,
             stacklevel=2,
@@ -1264,7 +1284,7 @@ class Planner:
         (not accumulated): while run ``j``'s backward runs, the ``j - 1`` before it hold ``h``
         and the ``m - j`` after it left ``G`` each, at most ``(m - 1) max(h, G)``."""
         m, asked = self.calls * runs, self.budget.nbytes or 0
-        net = max(asked - ddp_reserve() - fsdp_reserve() - base, 0)
+        net = max(asked - self._beside() - base, 0)
         grads = _gradient_bytes(jg.graph)
         free = net - self._least_peak(jg.graph, profile_id)  # what the other calls may hold
         if runs > 1:
@@ -1330,11 +1350,42 @@ class Planner:
         again with its graphs' needs in view (``replan_pending``): planned so, the graphs
         before it leave it room (the layer-dropping blocks under DDP at 0.75 of eager DDP's
         peak: warned, then 0.68x the budget); said if the plans made then do not fit."""
-        said = [m for m in (self.calls_warning, None if self.replan_pending else self.runs_warning) if m]
+        runs = None if self.replan_pending else self.runs_warning
+        said = [m for m in (self.calls_warning, runs, self.grads_warning) if m]
         if self.replan_pending and self.runs_warning:
             self.warned_runs = False  # judged again when planned with the needs in view
-        self.calls_warning = self.runs_warning = None
+        self.calls_warning = self.runs_warning = self.grads_warning = None
         return said
+
+    def _without_held_grads(self, exc: InfeasibleBudgetError | None = None) -> bool:
+        """Where plans were made beside gradients held (``held_grads``) and none fits (``exc``,
+        or the graphs of a step together): plan as if none were held, as before they were
+        found, with a :class:`BudgetWarning` (``grads_warning``, once) that the step can exceed
+        the budget by them. True where there were some."""
+        held = self.held_grads
+        if not held:
+            return False
+        self.held_grads = 0
+        least = (
+            ""
+            if exc is None or exc.minimum is None
+            else f" (a graph's least peak found, {format_bytes(int(exc.minimum))}, reaches "
+            f"{format_bytes(int(exc.minimum) + held)} beside them)"
+        )
+        log.info(
+            "no plan fits beside the %s of gradients held: planning as if none were held", format_bytes(held)
+        )
+        if self.grads_warning is None and not self.warned_grads:
+            self.warned_grads = True
+            self.grads_warning = (
+                f"the parameters held {format_bytes(held)} of gradients as the step started (accumulated over "
+                "earlier micro-batches, or zeros kept by zero_grad(set_to_none=False)), which the budget of "
+                f"{format_bytes(self.budget.nbytes or 0)} covers, and no plan fits beside them{least}: planned "
+                f"as if none were held, these steps can exceed the budget by up to {format_bytes(held)}. Where "
+                "gradients are not accumulated on purpose, zero them before each step (optimizer.zero_grad()); "
+                "else raise the budget"
+            )
+        return True
 
     def _warn_calls(self, why: str) -> None:
         """Once, the :class:`BudgetWarning` (``calls_warning``, for the caller to issue at the
@@ -1353,8 +1404,28 @@ class Planner:
     def _share_of_others(self) -> int:
         """Under a byte budget, what the module's other calls held at once (``calls``) get of
         what DDP's buckets and FSDP2's parameters leave, at an even share each."""
-        net = max((self.budget.nbytes or 0) - ddp_reserve() - fsdp_reserve(), 0)
+        net = max((self.budget.nbytes or 0) - self._beside(), 0)
         return net * (self.calls - 1) // self.calls
+
+    def _beside(self) -> int:
+        """Bytes held beside every graph of the step that no plan holds: DDP's gradient buckets,
+        FSDP2's unsharded parameters, and the gradients the parameters already held when the
+        call started (``held_grads``: the budget covers gradients, and those accumulated over
+        earlier micro-batches stay through the step)."""
+        return ddp_reserve() + fsdp_reserve() + self.held_grads
+
+    def _beside_what(self) -> str:
+        """What :meth:`_beside` counts now, in words."""
+        parts = [
+            name
+            for name, nbytes in (
+                ("DDP's buckets", ddp_reserve()),
+                ("FSDP2's parameters", fsdp_reserve()),
+                ("gradients held from earlier micro-batches", self.held_grads),
+            )
+            if nbytes
+        ]
+        return " and ".join(parts)
 
     def _outside_room(self, graph: Graph, held: dict[object, int] | None = None) -> int:
         """Under a byte budget, the bytes code outside the module held beside this step as
@@ -1380,11 +1451,14 @@ class Planner:
         boundary: int | None = None,
         apart: int | None = None,
         ran: Mapping[int, int] | None = None,
+        grads_held: int = 0,
     ) -> str | None:
         """The verdict on a training step measured whole (:mod:`checkmate.stepcheck`) at
-        ``peak`` bytes (``boundary``: its peak from the forward's return to the backward's
-        start, where a loss outside the module runs, and ``apart``, its peak outside that
-        span, where the module runs, when measured): None when it is within
+        ``peak`` bytes beyond what was live at its start (``boundary``: its peak from the
+        forward's return to the backward's start, where a loss outside the module runs, and
+        ``apart``, its peak outside that span, where the module runs, when measured; ``grads_held``:
+        the bytes of gradients the parameters held at its start, which the budget covers
+        too): None when it is within
         the byte budget, or when it measured what its one graph measured compiled alone
         (over the budget by the plan's own excess, which the compiled check warned of:
         nothing is held outside); ``"replan"`` when it is not, the first time for this step
@@ -1397,7 +1471,11 @@ class Planner:
         measured well within the budget is compiled again with the room measured: beside
         the whole step, what was held beside its plans' peak while the module ran
         (``apart``); at its boundary, what was held there (``outside_boundary``)."""
-        asked = self.budget.nbytes
+        budget = self.budget.nbytes
+        # gradients accumulated before the step stay through it: the step has the rest (of
+        # those its plans were made beside; the others were warned of)
+        grads_held = min(grads_held, self.held_grads)
+        asked = None if budget is None else max(budget - grads_held, 1)
         graphs = self.latest.get(step, [])
         if asked is not None and peak <= STEP_SLACK * asked and step in self.loss_guess:
             # planned with a guessed room for a loss outside: what is held there now, measured
@@ -1481,13 +1559,19 @@ class Planner:
                 format_bytes(beyond),
             )
             return "replan"
+        of = (
+            f"the {format_bytes(asked)} its budget of {format_bytes(budget or 0)} leaves beside "
+            f"{format_bytes(grads_held)} of gradients held from earlier micro-batches"
+            if grads_held
+            else f"its budget of {format_bytes(asked)}"
+        )
         return (
-            f"the training step measured {format_bytes(peak)}, {peak / asked:.2f}x its budget of "
-            f"{format_bytes(asked)}: the module's plans hold {format_bytes(held)} at the end of its forward, "
+            f"the training step measured {format_bytes(peak)}, {peak / asked:.2f}x {of}: the module's plans "
+            f"hold {format_bytes(held)} at the end of its forward, "
             f"and about {format_bytes(max(peak - held, 0))} more is held outside it between its forward and "
             "backward (a loss computed on its outputs, tensors kept from them), which planning with room for "
             f"it could not make fit. Compute the loss inside the optimized module's forward (it is then "
-            f"planned with the step), or raise the budget to {format_bytes(peak)}"
+            f"planned with the step), or raise the budget to {format_bytes(peak + grads_held)}"
         )
 
     def ran_more(self, step: object, ran: Mapping[int, int]) -> bool:
@@ -1663,8 +1747,8 @@ class Planner:
         shape = structure(graph)
         family = self.families.get(shape, [])
         budget = self.budget
-        # DDP's gradient buckets, FSDP2's unsharded parameters: live beside the graph
-        reserve = ddp_reserve() + fsdp_reserve() + earlier
+        # DDP's gradient buckets, FSDP2's unsharded parameters, gradients held: live beside the graph
+        reserve = self._beside() + earlier
         # bytes for the graph alone (a fraction without a family: resolved in _plan)
         target, nbytes = family_target(budget, ref, self.records, family, reserve)
         bound = None if room is None or nbytes is None else max(nbytes - room, 0)

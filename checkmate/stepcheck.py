@@ -55,6 +55,9 @@ class StepWindow:
 
     device: str
     thread: int = field(default_factory=threading.get_ident)
+    #: the bytes of gradients the module's parameters held at the start (accumulated over
+    #: earlier micro-batches): not in the peak measured, but held through the step
+    grads_held: int = 0
     profiler: torch.profiler.profile | None = None
     cuda_before: int = 0
     cuda_peak: int | None = None
