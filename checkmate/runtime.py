@@ -131,6 +131,10 @@ COMPILERS = ("aot", "inductor")
 RECORD_KEY = "checkmate_record"
 
 
+#: the dispatch key of an active FakeTensorMode (Dynamo propagating fake tensors)
+_FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
+
+
 class BudgetWarning(UserWarning):
     """The budget may not hold as asked: a graph was planned above the fraction asked (the
     fraction is infeasible for it, and it is too small a part of its step to set the step's
@@ -552,7 +556,12 @@ class Planner:
 
             @functools.wraps(step)  # keeps a boxed call boxed (its _boxed_call attribute)
             def counted(*args: Any) -> Any:
-                self.ran.append(index)
+                # not Dynamo's DDP optimizer passing fake tensors through a compiled part of the
+                # step to compile the next: counted so, every graph of a compiling call under DDP
+                # ran twice, and on the CPU (steps not measured) a recompile of the step (for
+                # gradients held) planned every graph for two runs beside each other
+                if torch._C._get_dispatch_mode(_FAKE_MODE) is None:
+                    self.ran.append(index)
                 return step(*args)
 
             return counted

@@ -535,7 +535,9 @@ def test_a_graph_run_more_often_than_planned_under_ddp_on_the_cpu_is_planned_for
         doc = json.loads((tmp_path / f"rank{r}.json").read_text())
         ratio = doc["peak"] / doc["budget"]
         print(f"rank {r}: {ratio:.3f}x the budget, runs {doc['runs']}, {doc['warnings']}")
-        assert doc["runs"] and max(doc["runs"]) >= 3, f"rank {r}: runs planned for {doc['runs']}"
+        # each graph ran three times (not counted again as Dynamo's DDP optimizer passes fake
+        # tensors through the parts it compiled: [2, 2, 4, 4] where split)
+        assert doc["runs"] == ([3, 3] if split else [3]), f"rank {r}: runs planned for {doc['runs']}"
         if not split:
             assert ratio <= 1.0, f"rank {r}: {ratio:.3f}x the budget"
             assert not doc["warnings"], doc["warnings"]
@@ -543,6 +545,69 @@ def test_a_graph_run_more_often_than_planned_under_ddp_on_the_cpu_is_planned_for
             assert ratio <= 1.0 or any(
                 "DDP's gradient buckets split this step" in w for w in doc["warnings"]
             ), f"rank {r}: {ratio:.3f}x the budget, unwarned"
+
+
+def _accumulating_worker(rank: int, port: int, out: str) -> None:
+    """An MLP under DDP accumulating four micro-batches per optimizer step (``no_sync`` for the
+    first three), at eager DDP's peak over them; four optimizer steps, each measured."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import checkmate
+    from checkmate.memory import measure_peak
+    from tests.integration.test_step_check import _head_model
+
+    with process_group(rank, port, WORLD):
+        model = _head_model(256)
+        g = torch.Generator().manual_seed(rank)
+        micro = [
+            (torch.randn(1024, 256, generator=g), torch.randint(0, 256, (1024,), generator=g))
+            for _ in range(4)
+        ]
+
+        def accumulate(m: Any) -> None:
+            for i, (x, y) in enumerate(micro):
+                with m.no_sync() if i < len(micro) - 1 else contextlib.nullcontext():
+                    (torch.nn.functional.cross_entropy(m(x), y) / len(micro)).backward()
+
+        eager = DDP(copy.deepcopy(model))
+        accumulate(eager)
+        eager.zero_grad(set_to_none=True)
+        asked = torch.tensor([measure_peak(lambda: accumulate(eager))])
+        torch.distributed.all_reduce(asked, torch.distributed.ReduceOp.MIN)
+        budget = int(asked.item())
+        opt = checkmate.optimize(model, budget, time_limit=5.0)
+        planned = DDP(opt)
+        sgd = torch.optim.SGD(planned.parameters(), lr=0.01)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            peaks = []
+            for _ in range(4):
+                peaks.append(measure_peak(lambda: accumulate(planned)))
+                sgd.step()
+                sgd.zero_grad()
+        planner = opt.__dict__["_checkmate_state"].planner
+        doc = {
+            "ratios": [p / budget for p in peaks],
+            "warnings": [str(w.message) for w in caught if issubclass(w.category, checkmate.BudgetWarning)],
+            "held": planner.held_grads,
+            "grads": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "runs": sorted(planner.runs.values()),
+        }
+    Path(out, f"rank{rank}.json").write_text(json.dumps(doc))
+
+
+def test_gradients_accumulated_under_no_sync_are_planned_beside_ddps_buckets(tmp_path: Path) -> None:
+    # after the first optimizer step the plans are made beside the gradients held and DDP's
+    # buckets; its graphs compiled again are not taken for graphs run twice (Dynamo's DDP
+    # optimizer passes fake tensors through them, counted as runs: every graph planned beside
+    # another run of itself, warned that none fits)
+    spawn(_accumulating_worker, (free_port(), str(tmp_path)), WORLD)
+    for r in range(WORLD):
+        doc = json.loads((tmp_path / f"rank{r}.json").read_text())
+        print(f"rank {r}: {[round(x, 3) for x in doc['ratios']]}x the budget, {doc['warnings']}")
+        assert doc["held"] == doc["grads"], doc  # planned beside them
+        assert not doc["warnings"] and not doc["runs"], doc
+        assert max(doc["ratios"]) <= 1.0, doc["ratios"]
 
 
 def _asleep(rank: int) -> None:
