@@ -322,6 +322,37 @@ def test_graphs_of_one_step_share_a_byte_budget_or_warn_with_the_estimate() -> N
         low(x).sum().backward()  # once per module
 
 
+def test_graphs_of_one_step_that_fit_no_plans_beside_accumulated_gradients_are_planned_without_and_warn() -> (
+    None
+):
+    # at 0.4 of eager's peak over four micro-batches, the 645 KiB of gradients held (0.41 of
+    # the budget) leave the two graphs no plans that fit together: planned as before they were
+    # found (each call within the budget), and warned of once
+    x = torch.randn(256, 128)
+    torch.manual_seed(0)
+    model = BrokenInTheMiddle()
+
+    def accumulate(m: nn.Module) -> None:
+        for _ in range(4):
+            (m(x).sum() / 4).backward()
+
+    accumulate(copy.deepcopy(model))
+    budget = int(0.4 * measure_peak(lambda: accumulate(copy.deepcopy(model))))
+    opt = checkmate.optimize(model, budget, time_limit=5)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            accumulate(opt)
+            sgd.step()
+            sgd.zero_grad()
+        peak = measure_peak(lambda: opt(x).sum().backward())
+    said = [str(w.message) for w in caught if issubclass(w.category, BudgetWarning)]
+    assert len(said) == 1 and "645.00 KiB of gradients as the step started" in said[0], said
+    assert opt.__dict__["_checkmate_state"].planner.held_grads == 0
+    assert peak <= budget, f"{peak / budget:.3f}x the budget"
+
+
 def _gpt2(width: int, vocab: int, positions: int) -> tuple[Any, Any]:
     """A 2-layer Hugging Face GPT-2 without dropout in training mode, and a copy of it."""
     transformers = pytest.importorskip("transformers")
