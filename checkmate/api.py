@@ -152,8 +152,8 @@ class CheckmateState:
     #: accumulates them over micro-batches, and from then on gradients held count against a
     #: byte budget (:attr:`~checkmate.runtime.Planner.held_grads`)
     accumulates: bool = False
-    #: the module's parameters, as found at its latest new input signature: the gradients they
-    #: hold as a training call starts count against a byte budget (:func:`_gradients_held`)
+    #: under a byte budget, the module's parameters, found again at each new input signature: the
+    #: gradients they hold as a training call starts count against it (:func:`_gradients_held`)
     params: tuple[nn.Parameter, ...] | None = field(default=None, repr=False)
     #: a forward the model had set on itself (``model.forward = ...``), which ``eager`` runs:
     #: its function where it was a method of the model (rebound to a copy), else the callable
@@ -609,7 +609,7 @@ def _training_call(
         log.info("the step was planned outside DDP's forward: planning it again inside, with DDP's buckets")
         _compile_again(state)
     if key not in state.eager_keys:  # a new input signature (not every step: a module walk)
-        state.params = tuple(self.parameters())
+        state.params = None  # found again where a byte budget reads their gradients (below)
         check_fsdp_order(self)  # FSDP2: a sharded submodule would run outside the plan
         if not state.warned_checkpointing:
             _warn_if_checkpointing(self, state)
@@ -628,7 +628,7 @@ def _training_call(
         # Counted once an optimizer step came after a call that found some (the loop accumulates
         # them for it): a loop calling backward again with no optimizer (a test's, a benchmark's
         # measurements) is planned as before
-        if state.params is None:  # planned at optimize() (example_inputs)
+        if state.params is None:
             state.params = tuple(self.parameters())
         grads_held = _gradients_held(state.params)
         if grads_held > state.planner.grads_seen and not state.accumulates:

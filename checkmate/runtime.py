@@ -1416,25 +1416,24 @@ class Planner:
         net = max((self.budget.nbytes or 0) - self._beside(), 0)
         return net * (self.calls - 1) // self.calls
 
+    def _beside_parts(self) -> tuple[tuple[str, int], ...]:
+        """What is held beside every graph of the step that no plan holds, named, in bytes:
+        DDP's gradient buckets, FSDP2's unsharded parameters, and the gradients the parameters
+        already held when the call started (``held_grads``: the budget covers gradients, and
+        those accumulated over earlier micro-batches stay through the step)."""
+        return (
+            ("DDP's buckets", ddp_reserve()),
+            ("FSDP2's parameters", fsdp_reserve()),
+            ("gradients held from earlier micro-batches", self.held_grads),
+        )
+
     def _beside(self) -> int:
-        """Bytes held beside every graph of the step that no plan holds: DDP's gradient buckets,
-        FSDP2's unsharded parameters, and the gradients the parameters already held when the
-        call started (``held_grads``: the budget covers gradients, and those accumulated over
-        earlier micro-batches stay through the step)."""
-        return ddp_reserve() + fsdp_reserve() + self.held_grads
+        """The bytes of :meth:`_beside_parts`."""
+        return sum(nbytes for _, nbytes in self._beside_parts())
 
     def _beside_what(self) -> str:
-        """What :meth:`_beside` counts now, in words."""
-        parts = [
-            name
-            for name, nbytes in (
-                ("DDP's buckets", ddp_reserve()),
-                ("FSDP2's parameters", fsdp_reserve()),
-                ("gradients held from earlier micro-batches", self.held_grads),
-            )
-            if nbytes
-        ]
-        return " and ".join(parts)
+        """What :meth:`_beside_parts` holds now, in words."""
+        return " and ".join(name for name, nbytes in self._beside_parts() if nbytes)
 
     def _outside_room(self, graph: Graph, held: dict[object, int] | None = None) -> int:
         """Under a byte budget, the bytes code outside the module held beside this step as
@@ -1893,9 +1892,12 @@ def _measured_alone(records: Sequence[PlanRecord]) -> int | None:
     """The compiled peak the one graph of a step measured alone (:mod:`checkmate.compiled`),
     or None: for steps of several graphs (each measured without the others' held bytes)
     and graphs not measured compiled."""
-    if len(records) != 1 or records[0].compiled is None:
-        return None
-    return records[0].compiled.measured
+    return _measured(records[0]) if len(records) == 1 else None
+
+
+def _measured(record: PlanRecord) -> int | None:
+    """The peak ``record``'s compiled step measured alone (:mod:`checkmate.compiled`), or None."""
+    return None if record.compiled is None else record.compiled.measured
 
 
 def _gradient_bytes(graph: Graph) -> int:
@@ -1920,7 +1922,7 @@ def _own_peak(record: PlanRecord, simulated: int) -> int:
     (``compiler="inductor"``: Inductor's fused kernels never hold much of what the graph
     model counts; the layer-dropping blocks' graph simulated 12.00 MiB, measured 6.50 MiB),
     else ``simulated``."""
-    measured = None if record.compiled is None else record.compiled.measured
+    measured = _measured(record)
     return simulated if measured is None else measured
 
 
