@@ -44,7 +44,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from checkmate.distributed import active_ddp_module, check_fsdp_order, in_process_group
+from checkmate.distributed import active_ddp_module, check_fsdp_order, fsdp_gradients, in_process_group
 from checkmate.runtime import COMPILERS, LATER_ROOM, UNCHECKED, BudgetWarning, Planner, PlanRecord, log
 from checkmate.stepcheck import StepWindow, abort_windows, open_window
 from solvers.budget import BudgetSpec, format_bytes, parse_budget
@@ -630,7 +630,7 @@ def _training_call(
         # measurements) is planned as before
         if state.params is None:
             state.params = tuple(self.parameters())
-        grads_held = _gradients_held(state.params)
+        grads_held = _gradients_held(state.params) + sum(g.nbytes for g in fsdp_gradients(self))
         if grads_held > state.planner.grads_seen and not state.accumulates:
             _HOLDING.add(state)  # accumulating, if an optimizer step comes next
         elif grads_held > state.planner.grads_seen:

@@ -26,7 +26,8 @@ are ``torch._dynamo.disable``d (torch 2.13), so torch.compile cannot trace throu
 submodule: a model optimized as a whole and sharded per block (in either order) would run
 its blocks outside every plan. The supported order is per block: ``optimize`` each block,
 then ``fully_shard`` each block and the root. :func:`check_fsdp_order` raises for the
-others, and :func:`fsdp_reserve` is what FSDP2 holds beside a block's graph.
+others, :func:`fsdp_reserve` is what FSDP2 holds beside a block's graph, and
+:func:`fsdp_gradients` the gradients it keeps for a block over micro-batches.
 """
 
 from __future__ import annotations
@@ -173,6 +174,32 @@ def fsdp_reserve() -> int:
     # the innermost: the running module with no running module below it
     inner = [m for m in running if not any(o is not m and o in running for o in m.modules())]
     return sum(running.values()) + max(running[m] for m in inner)
+
+
+def fsdp_gradients(module: torch.nn.Module) -> list[torch.Tensor]:
+    """The gradients FSDP2 keeps for ``module``'s own parameters (those ``fully_shard(module)``
+    manages) where its forward does not see them, empty for a module not sharded.
+
+    During a sharded module's forward its parameters are the unsharded ones, whose ``.grad`` is
+    None once a backward's gradients were reduce-scattered: they are kept, this rank's shard,
+    in each sharded parameter's ``.grad`` (a DTensor) until the optimizer step, accumulated
+    over micro-batches. Under ``set_requires_gradient_sync(False)`` FSDP2 keeps the unsharded
+    gradients instead: on the unsharded parameters (which the module's walk sees), or, with a
+    ``reduce_dtype`` of its own, in ``unsharded_accumulated_grad``.
+    """
+    get_state = getattr(module, "_get_fsdp_state", None)
+    if get_state is None:
+        return []
+    grads: list[torch.Tensor] = []
+    for group in getattr(get_state(), "_fsdp_param_groups", ()):
+        for fp in group.fsdp_params:
+            sharded = getattr(fp, "sharded_param", None)
+            if sharded is not None and sharded.grad is not None:
+                grads.append(getattr(sharded.grad, "_local_tensor", sharded.grad))
+            accumulated = getattr(fp, "unsharded_accumulated_grad", None)
+            if accumulated is not None:
+                grads.append(accumulated)
+    return grads
 
 
 def plan_hash(graph: Graph, schedule: Schedule) -> str:

@@ -1374,12 +1374,13 @@ class Planner:
         held = self.held_grads
         if not held:
             return False
+        beside, what = self._beside(), self._beside_what()  # the gradients, and DDP's or FSDP2's reserve
         self.held_grads = 0
         least = (
             ""
             if exc is None or exc.minimum is None
             else f" (a graph's least peak found, {format_bytes(int(exc.minimum))}, reaches "
-            f"{format_bytes(int(exc.minimum) + held)} beside them)"
+            f"{format_bytes(int(exc.minimum) + beside)} beside {what})"
         )
         log.info(
             "no plan fits beside the %s of gradients held: planning as if none were held", format_bytes(held)
