@@ -545,3 +545,43 @@ def test_a_loop_calling_backward_again_with_no_optimizer_step_is_planned_as_befo
         nn.functional.cross_entropy(opt(x), y).backward()
     assert len(plans_of(opt)) == 1
     assert opt.__dict__["_checkmate_state"].planner.held_grads == 0
+
+
+def _accumulate_heavy(model: Any, micro: list[tuple[Any, Any]]) -> None:
+    for x, y in micro:  # the loss outside the module, several logits-sized tensors (_step)
+        _step(model, x, y)
+
+
+@pytest.mark.parametrize("share", [0.8, 0.7])
+def test_a_loss_outside_beside_accumulated_gradients_is_measured_against_the_rest_of_the_budget(
+    share: float,
+) -> None:
+    # each micro-batch's step is measured from its forward's start, past the gradients held from
+    # the earlier ones: it has the budget less those. At 0.7 the loss alone holds more than that
+    # rest (48 MiB beside 12 MiB of gradients, of 59 MiB), measured 1.15x over each optimizer step
+    vocab = 8192
+    g = torch.Generator().manual_seed(0)
+    micro = [
+        (torch.randn(256, 256, generator=g), torch.randint(0, vocab, (256,), generator=g)) for _ in range(4)
+    ]
+    model = _head_model(vocab)
+    _accumulate_heavy(copy.deepcopy(model), micro)
+    budget = int(share * measure_peak(lambda: _accumulate_heavy(copy.deepcopy(model), micro)))
+    opt = checkmate.optimize(model, budget, time_limit=5)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0)  # its step closes each measurement
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):  # found accumulating, planned beside them, measured, planned with room
+            _accumulate_heavy(opt, micro)
+            sgd.step()
+            sgd.zero_grad()
+        peak = measure_peak(lambda: _accumulate_heavy(opt, micro))
+    said = [str(w.message) for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
+    assert opt.__dict__["_checkmate_state"].planner.held_grads == sum(p.nbytes for p in model.parameters())
+    if share == 0.8:
+        assert not said, said
+        assert peak <= STEP_SLACK * budget, f"{peak / budget:.3f}x the budget"
+    else:
+        assert (
+            len(said) == 1 and "beside 12.04 MiB of gradients held from earlier micro-batches" in said[0]
+        ), said
