@@ -243,7 +243,8 @@ def optimize(
         InfeasibleBudgetError: no plan was found within the budget: ``exc.lower_bound`` is
             what every schedule needs (proven), ``exc.minimum`` the peak of a schedule
             found (``optimize(model, exc.minimum)`` plans on the first try).
-        TraceError: the model could not be traced (names the construct).
+        TraceError: the model could not be traced (names the construct), or it is a
+            ``DistributedDataParallel`` (optimize the module inside, then wrap it).
         CheckmateError: a step would run unplanned (Dynamo's recompile limit for this
             module, an FSDP2 order that cannot be planned).
 
@@ -263,6 +264,14 @@ def optimize(
             stacklevel=2,
         )
     check_fsdp_order(model, optimizing=True)  # FSDP2: only optimize-then-shard, per block
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        # Dynamo runs DDP given whole eagerly: nothing was planned, with a warning that did not say
+        # why (an MLP, one gloo rank)
+        raise TraceError(
+            "checkmate.optimize was given a DistributedDataParallel, whose forward torch.compile does not "
+            "capture as a training step: nothing would be planned. Optimize the module it wraps, then wrap "
+            "the result: model = DDP(checkmate.optimize(model, budget))"
+        )
     if compiler == "inductor" and profile is None:
         _measure_device_speed(model)
     model, base = _original(model)

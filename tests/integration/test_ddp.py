@@ -75,6 +75,11 @@ def _train(rank: int, kind: str, out: str) -> None:
     asked = torch.tensor([int(SHARE[kind] * eager_peak)])
     torch.distributed.all_reduce(asked, torch.distributed.ReduceOp.MIN)
     budget = int(asked.item())
+    try:  # the other order: DDP given whole runs eagerly, unplanned
+        checkmate.optimize(eager, budget)
+        wrapped_error = ""
+    except checkmate.TraceError as exc:
+        wrapped_error = str(exc)
 
     twin = DDP(copy.deepcopy(base))
     opt_model = checkmate.optimize(copy.deepcopy(base), budget, time_limit=5.0)
@@ -95,6 +100,7 @@ def _train(rank: int, kind: str, out: str) -> None:
     recs = checkmate.plans_of(opt_model)
     doc: dict[str, Any] = {
         "budget": budget,
+        "wrapped_error": wrapped_error,
         "eager_peak": eager_peak,
         "peaks": peaks,
         "param_diff": diff,
@@ -118,6 +124,7 @@ def test_ddp_around_an_optimized_model_trains_like_eager_ddp_within_the_budget(
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     for r, doc in enumerate(ranks):
         assert doc["plans"] >= 1 and doc["recomputes"] > 0, f"rank {r}: nothing was recomputed"
+        assert "model = DDP(checkmate.optimize(model, budget))" in doc["wrapped_error"], doc["wrapped_error"]
         assert doc["param_diff"] == 0.0, f"rank {r}: parameters differ from eager DDP by {doc['param_diff']}"
         assert doc["buffer_diff"] == 0.0, f"rank {r}: buffers differ by {doc['buffer_diff']}"
         worst = max(doc["peaks"]) / doc["budget"]
