@@ -45,7 +45,16 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from checkmate.distributed import active_ddp_module, check_fsdp_order, fsdp_gradients, in_process_group
-from checkmate.runtime import COMPILERS, LATER_ROOM, UNCHECKED, BudgetWarning, Planner, PlanRecord, log
+from checkmate.runtime import (
+    COMPILERS,
+    LATER_ROOM,
+    UNCHECKED,
+    BudgetWarning,
+    OverheadWarning,
+    Planner,
+    PlanRecord,
+    log,
+)
 from checkmate.stepcheck import StepWindow, abort_windows, open_window
 from solvers.budget import BudgetSpec, format_bytes, parse_budget
 from solvers.errors import CheckmateError, TraceError
@@ -155,6 +164,10 @@ class CheckmateState:
     #: under a byte budget, the module's parameters, found again at each new input signature: the
     #: gradients they hold as a training call starts count against it (:func:`_gradients_held`)
     params: tuple[nn.Parameter, ...] | None = field(default=None, repr=False)
+    #: an input signature with its Python numbers and bools left out -> those of each signature
+    #: seen with it (:func:`_warn_if_numbers_vary`)
+    numbers: dict[tuple[Any, ...], set[tuple[Any, ...]]] = field(default_factory=dict, repr=False)
+    warned_numbers: bool = False
     #: a forward the model had set on itself (``model.forward = ...``), which ``eager`` runs:
     #: its function where it was a method of the model (rebound to a copy), else the callable
     own_forward: tuple[Callable[..., Any], bool] | None = None
@@ -619,6 +632,8 @@ def _training_call(
         _compile_again(state)
     if key not in state.eager_keys:  # a new input signature (not every step: a module walk)
         state.params = None  # found again where a byte budget reads their gradients (below)
+        if not state.warned_numbers:
+            _warn_if_numbers_vary(state, key, args, kwargs)
         check_fsdp_order(self)  # FSDP2: a sharded submodule would run outside the plan
         if not state.warned_checkpointing:
             _warn_if_checkpointing(self, state)
@@ -810,6 +825,68 @@ def _gradients_held(params: Sequence[nn.Parameter]) -> int:
         else:  # nn.Embedding(sparse=True)
             total += grad._values().nbytes + grad._indices().nbytes
     return total
+
+
+#: values of a Python number among a module's inputs, at the same tensor shapes, from which
+#: :func:`_warn_if_numbers_vary` warns: each compiled the step and planned it again
+NUMBER_VALUES = 4
+
+
+def _warn_if_numbers_vary(
+    state: CheckmateState, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Once, an :class:`OverheadWarning` when a Python number (not a bool) among the module's
+    inputs took :data:`NUMBER_VALUES` values at the same tensor shapes (a step counter, a
+    temperature, a schedule's rate).
+
+    The step is compiled with static shapes (``dynamic=False``), so Dynamo specializes every
+    Python number: each value traces, profiles and plans the step again. A forward given
+    ``step`` and ``temperature`` as Python numbers (an MLP, every call a new value) was
+    compiled and planned at each of 25 calls, unwarned, up to the recompile limit checkmate
+    sets (1,024), where the step raises."""
+    scalars = [i for i, part in enumerate(key) if type(part) in (int, float, bool)]
+    if not any(type(key[i]) is not bool for i in scalars):
+        return
+    masked = tuple(bool if i in scalars else part for i, part in enumerate(key))  # the tensors' part
+    seen = state.numbers.setdefault(masked, set())
+    seen.add(tuple(key[i] for i in scalars))
+    varied = [
+        i
+        for k, i in enumerate(scalars)
+        if type(key[i]) is not bool and len({values[k] for values in seen}) >= NUMBER_VALUES
+    ]
+    if not varied:
+        return
+    state.warned_numbers = True
+    try:
+        params = [
+            p.name
+            for p in inspect.signature(state.eager).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):  # a builtin or C forward: positions only
+        params = []
+    names = ", ".join(_input_name(args, kwargs, i - 1, params) for i in varied)  # key[0]: the pytree spec
+    warnings.warn(
+        f"a Python number among the module's inputs ({names}) took {NUMBER_VALUES} values at the same "
+        "tensor shapes: checkmate compiles the step with static shapes, so each value traced, profiled and "
+        "planned it again. Pass it as a tensor (torch.tensor(value)), or keep it out of the forward's "
+        "arguments",
+        OverheadWarning,
+        stacklevel=_caller_level(),
+    )
+
+
+def _input_name(args: tuple[Any, ...], kwargs: dict[str, Any], leaf: int, params: list[str]) -> str:
+    """The input that holds the ``leaf``-th leaf of ``(args, kwargs)``, by the forward's
+    positional parameters ``params`` where they name it: ``step``, ``config['rate']``,
+    ``argument 3``."""
+    path = torch.utils._pytree.tree_flatten_with_path((args, kwargs))[0][leaf][0]
+    rest = torch.utils._pytree.keystr(path[2:])
+    if getattr(path[0], "idx", None) == 0:
+        idx = getattr(path[1], "idx", -1)
+        return f"{params[idx] if 0 <= idx < len(params) else f'argument {idx}'}{rest}"
+    return f"{getattr(path[1], 'key', '?')}{rest}"
 
 
 def _submodule_name(module: nn.Module, name: str) -> str:

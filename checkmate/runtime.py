@@ -146,7 +146,9 @@ class OverheadWarning(UserWarning):
     """A plan more than doubles its graph's compute (:data:`COSTLY`): usually the budget is
     close to the least the graph runs in, where the cost of each byte saved climbs steeply (a Hugging
     Face MPNet's graph under ``compiler="inductor"``: +1,017% at 3.78 MiB, +38% at 4.06 MiB).
-    The budget holds; the step is slow."""
+    Or a Python number among a module's inputs changes from call to call, and each value compiles
+    and plans the step again (:func:`checkmate.api._warn_if_numbers_vary`). The budget holds; the
+    step is slow."""
 
 
 class CompilerFallbackWarning(UserWarning):

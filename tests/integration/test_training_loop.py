@@ -332,3 +332,41 @@ def test_a_module_unfrozen_after_eight_others_of_its_class_were_optimized_is_pla
             for p in m[0].parameters():  # type: ignore[index]
                 p.requires_grad_(True)
     assert len(checkmate.plans_of(opt)) == 2  # planned again once unfrozen, not run eagerly
+
+
+class _Scheduled(nn.Module):
+    """A forward given the step's number and a temperature as Python numbers, and a flag."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+
+    def forward(
+        self, x: torch.Tensor, step: object, temperature: object = 1.0, clip: bool = False
+    ) -> torch.Tensor:
+        out = self.body(x) * (1.0 + 0.001 * step) / temperature  # type: ignore[operator]
+        return out.clamp(-1, 1) if clip else out
+
+
+def test_a_python_number_that_changes_at_every_call_warns_once_naming_it() -> None:
+    # Dynamo specializes Python numbers under static shapes: each value compiles and plans the
+    # step again (25 plans in 25 calls, unwarned, before); a tensor holding it compiles once
+    import warnings
+
+    x = torch.randn(64, 32)
+    opt = checkmate.optimize(_Scheduled(), 1.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(6):  # the flag takes two values: a flag, not a counter
+            opt(x, step, temperature=2.0, clip=bool(step % 2)).sum().backward()
+    said = [str(w.message) for w in caught if issubclass(w.category, checkmate.OverheadWarning)]
+    assert len(said) == 1 and "Python number among the module's inputs (step) took 4 values" in said[0], said
+    assert len(checkmate.plans_of(opt)) == 6
+
+    tensors = checkmate.optimize(_Scheduled(), 1.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(6):
+            tensors(x, torch.tensor(step), temperature=torch.tensor(2.0 + step)).sum().backward()
+    assert not [w for w in caught if issubclass(w.category, checkmate.OverheadWarning)]
+    assert len(checkmate.plans_of(tensors)) == 1
