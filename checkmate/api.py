@@ -630,10 +630,10 @@ def _training_call(
     if state.outside_ddp and key in state.outside_ddp and active_ddp_module() is not None:
         log.info("the step was planned outside DDP's forward: planning it again inside, with DDP's buckets")
         _compile_again(state)
+    compiled_before = None  # a new input signature: the plans before it (_warn_if_numbers_vary)
     if key not in state.eager_keys:  # a new input signature (not every step: a module walk)
+        compiled_before = len(state.planner.records)
         state.params = None  # found again where a byte budget reads their gradients (below)
-        if not state.warned_numbers:
-            _warn_if_numbers_vary(state, key, args, kwargs)
         check_fsdp_order(self)  # FSDP2: a sharded submodule would run outside the plan
         if not state.warned_checkpointing:
             _warn_if_checkpointing(self, state)
@@ -708,6 +708,12 @@ def _training_call(
         raise
     finally:
         state.planner.pending_held = 0  # only the call that found more calls held plans beside them
+    if (
+        compiled_before is not None
+        and len(state.planner.records) > compiled_before
+        and not state.warned_numbers
+    ):
+        _warn_if_numbers_vary(state, key, args, kwargs)  # the new signature compiled
     ran = Counter(state.planner.ran)
     if state.window is not None:
         # per call: the module's calls held at once are planned as such (Planner.calls)
@@ -836,8 +842,10 @@ def _warn_if_numbers_vary(
     state: CheckmateState, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
     """Once, an :class:`OverheadWarning` when a Python number (not a bool) among the module's
-    inputs took :data:`NUMBER_VALUES` values at the same tensor shapes (a step counter, a
-    temperature, a schedule's rate).
+    inputs took :data:`NUMBER_VALUES` values at the same tensor shapes, each compiling the step
+    (a step counter, a temperature, a schedule's rate; a number the forward does not read
+    compiles nothing: Dynamo does not guard on it). Called after a new input signature's call
+    made plans.
 
     The step is compiled with static shapes (``dynamic=False``), so Dynamo specializes every
     Python number: each value traces, profiles and plans the step again. A forward given

@@ -335,14 +335,15 @@ def test_a_module_unfrozen_after_eight_others_of_its_class_were_optimized_is_pla
 
 
 class _Scheduled(nn.Module):
-    """A forward given the step's number and a temperature as Python numbers, and a flag."""
+    """A forward given the step's number and a temperature as Python numbers, a flag, and an
+    epoch it does not read."""
 
     def __init__(self) -> None:
         super().__init__()
         self.body = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
 
     def forward(
-        self, x: torch.Tensor, step: object, temperature: object = 1.0, clip: bool = False
+        self, x: torch.Tensor, step: object, temperature: object = 1.0, clip: bool = False, epoch: int = 0
     ) -> torch.Tensor:
         out = self.body(x) * (1.0 + 0.001 * step) / temperature  # type: ignore[operator]
         return out.clamp(-1, 1) if clip else out
@@ -350,7 +351,8 @@ class _Scheduled(nn.Module):
 
 def test_a_python_number_that_changes_at_every_call_warns_once_naming_it() -> None:
     # Dynamo specializes Python numbers under static shapes: each value compiles and plans the
-    # step again (25 plans in 25 calls, unwarned, before); a tensor holding it compiles once
+    # step again (25 plans in 25 calls, unwarned, before); a tensor holding it compiles once, and
+    # a number the forward does not read compiles nothing (no guard on it): no warning
     import warnings
 
     x = torch.randn(64, 32)
@@ -367,6 +369,6 @@ def test_a_python_number_that_changes_at_every_call_warns_once_naming_it() -> No
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in range(6):
-            tensors(x, torch.tensor(step), temperature=torch.tensor(2.0 + step)).sum().backward()
+            tensors(x, torch.tensor(step), temperature=torch.tensor(2.0 + step), epoch=step).sum().backward()
     assert not [w for w in caught if issubclass(w.category, checkmate.OverheadWarning)]
     assert len(checkmate.plans_of(tensors)) == 1
