@@ -182,7 +182,7 @@ def fsdp_gradients(module: torch.nn.Module) -> list[torch.Tensor]:
 
     During a sharded module's forward its parameters are the unsharded ones, whose ``.grad`` is
     None once a backward's gradients were reduce-scattered: they are kept, this rank's shard,
-    in each sharded parameter's ``.grad`` (a DTensor) until the optimizer step, accumulated
+    in each sharded parameter's ``.grad`` (a DTensor, as returned) until the optimizer step, accumulated
     over micro-batches. Under ``set_requires_gradient_sync(False)`` FSDP2 keeps the unsharded
     gradients instead: on the unsharded parameters (which the module's walk sees), or, with a
     ``reduce_dtype`` of its own, in ``unsharded_accumulated_grad``.
@@ -195,7 +195,7 @@ def fsdp_gradients(module: torch.nn.Module) -> list[torch.Tensor]:
         for fp in group.fsdp_params:
             sharded = getattr(fp, "sharded_param", None)
             if sharded is not None and sharded.grad is not None:
-                grads.append(getattr(sharded.grad, "_local_tensor", sharded.grad))
+                grads.append(sharded.grad)  # a DTensor: its bytes are this rank's shard's
             accumulated = getattr(fp, "unsharded_accumulated_grad", None)
             if accumulated is not None:
                 grads.append(accumulated)
