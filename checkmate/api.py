@@ -1094,7 +1094,8 @@ _CALLS = [0]
 
 def _close_window(state: CheckmateState) -> None:
     """Close ``state.window``; a step measured over the byte budget has the module compiled
-    again at its next call with room for what was held outside it, once, and warns after."""
+    again at its next call with room for what was held outside it (warned of once: the steps
+    before it ran over too), once, and warns after where that room does not fit."""
     window, key = state.window, state.window_key
     if window is not None and not window.closable():  # its profiler's thread closes it
         return
@@ -1122,6 +1123,9 @@ def _close_window(state: CheckmateState) -> None:
     if verdict == "replan":
         state.stepped.discard(key)
         state.recompile = True
+        message, state.planner.overrun_warning = state.planner.overrun_warning, None
+        if message:
+            warnings.warn(message, BudgetWarning, stacklevel=_caller_level())
         return
     if verdict is not None and not state.warned_outside:
         state.warned_outside = True

@@ -360,6 +360,9 @@ class Planner:
         calls_warning: a :class:`BudgetWarning` for the caller to issue, once: the step that
             found more calls held at once can exceed the budget (:meth:`_warn_calls`).
         runs_warning: the same, that no plan of a graph fits beside its runs (:meth:`_warn_runs`).
+        overrun_warning: a :class:`BudgetWarning` for the caller to issue, once: a step measured
+            whole exceeded the budget, and the module is compiled again with room for what it
+            found (:meth:`_overran`); the steps before that one ran over the budget, unwarned.
         profile_id: the cost profile of the graph planned last (what :meth:`ran_more` plans with).
     """
 
@@ -413,6 +416,8 @@ class Planner:
     warned_runs: bool = field(default=False, repr=False)
     calls_warning: str | None = field(default=None, repr=False)
     runs_warning: str | None = field(default=None, repr=False)
+    overrun_warning: str | None = field(default=None, repr=False)
+    warned_overrun: bool = field(default=False, repr=False)
     profile_id: str | None = field(default=None, repr=False)
     #: record index -> its graph's structure, for :meth:`ran_more` (called after every call
     #: where steps are not measured whole)
@@ -1488,6 +1493,12 @@ class Planner:
         grads_held = min(grads_held, self.held_grads)
         asked = None if budget is None else max(budget - grads_held, 1)
         graphs = self.latest.get(step, [])
+        of = (  # what the step is measured against, in words
+            f"the {format_bytes(asked or 0)} its budget of {format_bytes(budget or 0)} leaves beside "
+            f"{format_bytes(grads_held)} of gradients held from earlier micro-batches"
+            if grads_held
+            else f"its budget of {format_bytes(asked or 0)}"
+        )
         if asked is not None and peak <= STEP_SLACK * asked and step in self.loss_guess:
             # planned with a guessed room for a loss outside: what is held there now, measured
             # at the least, what the step measured beyond its plans' simulated peak (the loss
@@ -1534,12 +1545,24 @@ class Planner:
             # a graph ran more often than it was planned for: what the runs before its backward
             # held is no memory outside. Planned for them first; measured over again after, the
             # rest is held outside (below)
+            times = ", ".join(f"graph {i} {n} times" for i, n in sorted((ran or {}).items()) if n > 1)
             log.info(
                 "the training step measured %s, over its budget of %s, running graphs more times than "
                 "they were planned for (%s): compiling it again, each run planned beside the others",
                 format_bytes(peak),
                 format_bytes(asked),
-                ", ".join(f"graph {i} {n} times" for i, n in sorted((ran or {}).items()) if n > 1),
+                times,
+            )
+            self._overran(
+                peak,
+                asked,
+                of,
+                f"its graphs ran more times than they were planned for ({times}: a loop over layers broken by a "
+                "branch on a tensor, as LayerDrop's is), each run keeping what its backward needs while the "
+                "later ones ran",
+                "with each run planned beside the others",
+                advice="set the layer dropping to 0 (Hugging Face: layerdrop), so that the loop is one graph "
+                "planned whole",
             )
             return "replan"
         alone = _measured_alone([self.records[i] for i in graphs]) if self.calls == 1 else None
@@ -1569,13 +1592,18 @@ class Planner:
                 format_bytes(asked),
                 format_bytes(beyond),
             )
+            self._overran(
+                peak,
+                asked,
+                of,
+                f"about {format_bytes(beyond)} is held outside the module between its forward and backward "
+                "(a loss computed on its outputs, tensors kept from them, another model's step), more than its "
+                "plans left room for",
+                "with room for it",
+                advice="compute the loss inside the optimized module's forward (it is then planned with the "
+                "step from the first call)",
+            )
             return "replan"
-        of = (
-            f"the {format_bytes(asked)} its budget of {format_bytes(budget or 0)} leaves beside "
-            f"{format_bytes(grads_held)} of gradients held from earlier micro-batches"
-            if grads_held
-            else f"its budget of {format_bytes(asked)}"
-        )
         return (
             f"the training step measured {format_bytes(peak)}, {peak / asked:.2f}x {of}: the module's plans "
             f"hold {format_bytes(held)} at the end of its forward, "
@@ -1583,6 +1611,29 @@ class Planner:
             "backward (a loss computed on its outputs, tensors kept from them), which planning with room for "
             f"it could not make fit. Compute the loss inside the optimized module's forward (it is then "
             f"planned with the step), or raise the budget to {format_bytes(peak + grads_held)}"
+        )
+
+    def _overran(
+        self, peak: int, asked: int, of: str, why: str, room: str, advice: str | None = None
+    ) -> None:
+        """Once, the :class:`BudgetWarning` (``overrun_warning``, for the caller to issue) that
+        a step measured whole at ``peak`` bytes exceeded the ``asked`` budget (``of``: it in
+        words) because ``why``, and is compiled again at the next call (``room``: what the
+        new plans leave room for). The steps of its input shape before it ran over the
+        budget as this one did: the first calls are planned before a step can be measured,
+        and a budget that nearly fills a GPU's memory can run out there (an MLP whose 8192-way
+        loss, with label smoothing and a z-loss, is computed outside it, at 0.8 of eager's
+        peak: 1.04x the budget measured, only logged, before it was planned again; at 0.6 of
+        a 4096-way one, 1.22x)."""
+        if self.warned_overrun:
+            return
+        self.warned_overrun = True
+        self.overrun_warning = (
+            f"the training step measured {format_bytes(peak)}, {peak / asked:.2f}x {of}: {why}. The module "
+            f"is compiled again at its next call, {room}; steps like this one before then ran over the "
+            f"budget as it did. To have the budget hold from the first step, "
+            + (f"{advice}, or " if advice else "")
+            + f"leave {format_bytes(peak - asked)} more memory spare than the budget"
         )
 
     def ran_more(self, step: object, ran: Mapping[int, int]) -> bool:
