@@ -169,6 +169,10 @@ class CheckmateState:
     #: seen with it (:func:`_warn_if_numbers_vary`)
     numbers: dict[tuple[Any, ...], set[tuple[Any, ...]]] = field(default_factory=dict, repr=False)
     warned_numbers: bool = False
+    #: an input signature with its tensors' sizes and its numbers left out -> the sizes of each
+    #: signature seen with it whose first call planned (:func:`_warn_if_shapes_vary`)
+    shapes: dict[tuple[Any, ...], set[tuple[Any, ...]]] = field(default_factory=dict, repr=False)
+    warned_shapes: bool = False
     #: a forward the model had set on itself (``model.forward = ...``), which ``eager`` runs:
     #: its function where it was a method of the model (rebound to a copy), else the callable
     own_forward: tuple[Callable[..., Any], bool] | None = None
@@ -715,6 +719,12 @@ def _training_call(
         and not state.warned_numbers
     ):
         _warn_if_numbers_vary(state, key, args, kwargs)  # the new signature compiled
+    if (
+        compiled_before is not None
+        and len(state.planner.records) > compiled_before
+        and not state.warned_shapes
+    ):
+        _warn_if_shapes_vary(state, key, args, kwargs)
     ran = Counter(state.planner.ran)
     if state.window is not None:
         # per call: the module's calls held at once are planned as such (Planner.calls)
@@ -881,6 +891,71 @@ def _warn_if_numbers_vary(
         "tensor shapes: checkmate compiles the step with static shapes, so each value traced, profiled and "
         "planned it again. Pass it as a tensor (torch.tensor(value)), or keep it out of the forward's "
         "arguments",
+        OverheadWarning,
+        stacklevel=_caller_level(),
+    )
+
+
+#: input shapes of one input signature (its tensors' sizes aside), each planned, from which
+#: :func:`_warn_if_shapes_vary` warns
+SHAPES_PLANNED = 8
+
+
+def _is_tensor_part(part: Any) -> bool:
+    """Whether ``part`` of an input signature (:func:`_inputs_signature`) is a tensor's."""
+    return type(part) is tuple and len(part) == 4 and isinstance(part[1], torch.dtype)
+
+
+def _warn_if_shapes_vary(
+    state: CheckmateState, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Once, an :class:`OverheadWarning` when the step was planned at
+    :data:`SHAPES_PLANNED` input shapes of one signature (the same inputs, dtypes and ranks),
+    naming the dimensions that varied and the seconds planning took. Called after a new
+    input signature's call made plans.
+
+    The step is compiled with static shapes, so each new shape traces, profiles and plans it
+    again: a sequence length that varies from batch to batch (dynamic padding), or a count of
+    boxes, is a compile and a plan per value (a Llama of 12 layers: 17.5 s each). Two or
+    three shapes (a short last batch, a few buckets) are what a fraction budget and the plan
+    cache are for, and are not warned of."""
+    tensors = [i for i, part in enumerate(key) if _is_tensor_part(part)]
+    if not tensors:
+        return
+    family = tuple(
+        (len(part[0]), *part[1:]) if i in tensors else (type(part) if type(part) in (int, float) else part)
+        for i, part in enumerate(key)
+    )
+    seen = state.shapes.setdefault(family, set())
+    seen.add(tuple(key[i][0] for i in tensors))
+    if len(seen) < SHAPES_PLANNED:
+        return
+    state.warned_shapes = True
+    try:
+        params = [
+            p.name
+            for p in inspect.signature(state.eager).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        params = []
+    varied = []
+    for k, i in enumerate(tensors):
+        for d in range(family[i][0]):
+            sizes = sorted({shapes[k][d] for shapes in seen})
+            if len(sizes) > 1:
+                name = _input_name(args, kwargs, i - 1, params)  # key[0]: the pytree spec
+                varied.append(f"{name} dimension {d}: {len(sizes)} sizes, {sizes[0]} to {sizes[-1]}")
+    records = state.planner.records
+    seconds = sum(r.seconds for r in records)
+    anew = sum(r.reused_from is None for r in records)
+    warnings.warn(
+        f"the step was compiled and planned at {len(seen)} input shapes ({'; '.join(varied)}): "
+        f"{seconds:.1f} s of tracing, profiling and planning in all ({anew} of its {len(records)} graphs "
+        "planned anew, the others fitted with an earlier plan). checkmate compiles the step with static "
+        "shapes, as torch.compile(dynamic=False) does, so each new shape is traced, profiled and planned "
+        "again; plans are cached on disk for the next run. Pad the inputs to a few sizes: a tokenizer's "
+        "pad_to_multiple_of=64, batches bucketed by length, drop_last=True for a short last batch",
         OverheadWarning,
         stacklevel=_caller_level(),
     )

@@ -372,3 +372,45 @@ def test_a_python_number_that_changes_at_every_call_warns_once_naming_it() -> No
             tensors(x, torch.tensor(step), temperature=torch.tensor(2.0 + step), epoch=step).sum().backward()
     assert not [w for w in caught if issubclass(w.category, checkmate.OverheadWarning)]
     assert len(checkmate.plans_of(tensors)) == 1
+
+
+class _Tagger(nn.Module):
+    """A token tagger given ids and a mask, of a batch's length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, 32)
+        self.body = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 5))
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.body(self.embed(ids)) * mask.unsqueeze(-1)
+
+
+def test_inputs_whose_sizes_change_from_batch_to_batch_warn_once_naming_the_dimension() -> None:
+    # a length that varies from batch to batch (dynamic padding) compiles and plans the step at
+    # each size, unwarned before (a 2-layer GPT-2 at lengths 32-128: 4-5 s a shape, 24 plans in 12
+    # calls); a few buckets and a short last batch, repeated, are planned once each, unwarned
+    import warnings
+
+    from checkmate.api import SHAPES_PLANNED
+
+    opt = checkmate.optimize(_Tagger(), 1.0)
+    g = torch.Generator().manual_seed(0)
+
+    def call(rows: int, length: int) -> list[str]:
+        ids = torch.randint(0, 100, (rows, length), generator=g)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt(ids, torch.ones(rows, length)).sum().backward()
+        return [str(w.message) for w in caught if issubclass(w.category, checkmate.OverheadWarning)]
+
+    for _ in range(3):  # three buckets and a short last batch, three epochs: 4 shapes in 12 calls
+        for rows, length in [(4, 16), (4, 32), (4, 64), (3, 64)]:
+            assert not call(rows, length)
+    said = [m for length in range(8, 8 + SHAPES_PLANNED - 4) for m in call(4, length)]  # the 8th shape
+    assert len(said) == 1, said
+    assert f"planned at {SHAPES_PLANNED} input shapes" in said[0]
+    assert "ids dimension 1: 7 sizes, 8 to 64" in said[0] and "mask dimension 1: 7 sizes, 8 to 64" in said[0]
+    assert "ids dimension 0: 2 sizes, 3 to 4" in said[0] and "pad_to_multiple_of" in said[0]
+    assert not call(4, 12) + call(4, 13)  # once
+    assert len(checkmate.plans_of(opt)) == SHAPES_PLANNED + 2  # warned, each shape still planned
