@@ -45,7 +45,13 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from checkmate.distributed import active_ddp_module, check_fsdp_order, fsdp_gradients, in_process_group
+from checkmate.distributed import (
+    active_ddp_module,
+    check_fsdp_order,
+    fsdp_gradients,
+    fsdp_params_of,
+    in_process_group,
+)
 from checkmate.runtime import (
     COMPILERS,
     LATER_ROOM,
@@ -165,6 +171,9 @@ class CheckmateState:
     #: under a byte budget, the module's parameters, found again at each new input signature: the
     #: gradients they hold as a training call starts count against it (:func:`_gradients_held`)
     params: tuple[nn.Parameter, ...] | None = field(default=None, repr=False)
+    #: FSDP2's records of those parameters, sharded with the module or a unit around it, found
+    #: with them: the gradients it keeps there count too (:func:`~checkmate.distributed.fsdp_gradients`)
+    fsdp_params: tuple[Any, ...] = field(default=(), repr=False)
     #: an input signature with its Python numbers and bools left out -> those of each signature
     #: seen with it (:func:`_warn_if_numbers_vary`)
     numbers: dict[tuple[Any, ...], set[tuple[Any, ...]]] = field(default_factory=dict, repr=False)
@@ -659,7 +668,10 @@ def _training_call(
         # measurements) is planned as before
         if state.params is None:
             state.params = tuple(self.parameters())
-        grads_held = _gradients_held(itertools.chain((p.grad for p in state.params), fsdp_gradients(self)))
+            state.fsdp_params = fsdp_params_of(self)
+        grads_held = _gradients_held(
+            itertools.chain((p.grad for p in state.params), fsdp_gradients(state.fsdp_params))
+        )
         if grads_held > state.planner.grads_seen and not state.accumulates:
             _HOLDING.add(state)  # accumulating, if an optimizer step comes next
         elif grads_held > state.planner.grads_seen:

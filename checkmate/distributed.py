@@ -36,7 +36,7 @@ import hashlib
 import logging
 import pickle
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -176,9 +176,30 @@ def fsdp_reserve() -> int:
     return sum(running.values()) + max(running[m] for m in inner)
 
 
-def fsdp_gradients(module: torch.nn.Module) -> list[torch.Tensor]:
-    """The gradients FSDP2 keeps for ``module``'s own parameters (those ``fully_shard(module)``
-    manages) where its forward does not see them, empty for a module not sharded.
+def fsdp_params_of(module: torch.nn.Module) -> tuple[Any, ...]:
+    """FSDP2's records (``FSDPParam``) of ``module``'s parameters, whether ``fully_shard`` was
+    applied to ``module`` itself or to a module around it (an optimized block inside a sharded
+    unit), empty where none is sharded. Found once per input signature: they live as long as
+    the sharding, and :func:`fsdp_gradients` reads their gradients at every call."""
+    if _fsdp_module_class() is None:
+        return ()
+    from torch.distributed._composable_state import _module_state_mapping
+
+    mine = {id(m) for m in module.modules()}
+    found = []
+    for ref in list(_module_state_mapping.values()):
+        state = ref()
+        for group in getattr(state, "_fsdp_param_groups", None) or ():
+            for fp in group.fsdp_params:
+                info = getattr(fp, "_module_info", None)
+                if info is not None and id(info.module) in mine:
+                    found.append(fp)
+    return tuple(found)
+
+
+def fsdp_gradients(params: Iterable[Any]) -> list[torch.Tensor]:
+    """The gradients FSDP2 keeps for the parameters it manages (``params``, from
+    :func:`fsdp_params_of`) where the forward does not see them.
 
     During a sharded module's forward its parameters are the unsharded ones, whose ``.grad`` is
     None once a backward's gradients were reduce-scattered: they are kept, this rank's shard,
@@ -187,18 +208,14 @@ def fsdp_gradients(module: torch.nn.Module) -> list[torch.Tensor]:
     gradients instead: on the unsharded parameters (which the module's walk sees), or, with a
     ``reduce_dtype`` of its own, in ``unsharded_accumulated_grad``.
     """
-    get_state = getattr(module, "_get_fsdp_state", None)
-    if get_state is None:
-        return []
     grads: list[torch.Tensor] = []
-    for group in getattr(get_state(), "_fsdp_param_groups", ()):
-        for fp in group.fsdp_params:
-            sharded = getattr(fp, "sharded_param", None)
-            if sharded is not None and sharded.grad is not None:
-                grads.append(sharded.grad)  # a DTensor: its bytes are this rank's shard's
-            accumulated = getattr(fp, "unsharded_accumulated_grad", None)
-            if accumulated is not None:
-                grads.append(accumulated)
+    for fp in params:
+        sharded = getattr(fp, "sharded_param", None)
+        if sharded is not None and sharded.grad is not None:
+            grads.append(sharded.grad)  # a DTensor: its bytes are this rank's shard's
+        accumulated = getattr(fp, "unsharded_accumulated_grad", None)
+        if accumulated is not None:
+            grads.append(accumulated)
     return grads
 
 

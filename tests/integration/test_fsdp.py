@@ -168,14 +168,27 @@ def _error_worker(rank: int, port: int, out: str) -> None:
 MICRO, ACCUM_SHARE = 4, 0.9
 
 
-def _accumulating_worker(rank: int, port: int, out: str) -> None:
+def _accumulating_worker(rank: int, port: int, out: str, nested: bool) -> None:
     with process_group(rank, port, WORLD):
-        Path(out, f"accum{rank}.json").write_text(json.dumps(_accumulate(rank)))
+        Path(out, f"accum{rank}.json").write_text(json.dumps(_accumulate(rank, nested)))
 
 
-def _accumulate(rank: int) -> dict[str, Any]:
+class _Unit(torch.nn.Module):
+    """A module FSDP2 shards as one unit, around an optimized block: the block's parameters
+    are the unit's."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def _accumulate(rank: int, nested: bool) -> dict[str, Any]:
     """Four micro-batches per AdamW step, FSDP2 reduce-scattering each one's gradients into the
-    sharded parameters' ``.grad``, where they add up until the step."""
+    sharded parameters' ``.grad``, where they add up until the step. ``nested``: each optimized
+    block inside a unit that FSDP2 shards (``fully_shard(unit)``, not the block)."""
     import warnings
 
     import checkmate
@@ -201,8 +214,10 @@ def _accumulate(rank: int) -> dict[str, Any]:
     budget = int(ACCUM_SHARE * int(peak))
     twin, planned = _shard(copy.deepcopy(base)), copy.deepcopy(base)
     blocks = planned.blocks
+    optimized = []
     for i in range(len(blocks)):  # type: ignore[arg-type]
-        blocks[i] = checkmate.optimize(blocks[i], budget // len(blocks), time_limit=5.0)  # type: ignore[arg-type, index]
+        optimized.append(checkmate.optimize(blocks[i], budget // len(blocks), time_limit=5.0))  # type: ignore[arg-type, index]
+        blocks[i] = _Unit(optimized[-1]) if nested else optimized[-1]  # type: ignore[index]
     _shard(planned)
     adam = {id(m): torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (twin, planned)}
     peaks: list[float] = []
@@ -222,7 +237,7 @@ def _accumulate(rank: int) -> dict[str, Any]:
             (p.full_tensor() - q.full_tensor()).abs().max().item()  # type: ignore[operator]
             for p, q in zip(twin.parameters(), planned.parameters())
         ),
-        "held": [b.__dict__["_checkmate_state"].planner.held_grads for b in blocks],  # type: ignore[union-attr]
+        "held": [b.__dict__["_checkmate_state"].planner.held_grads for b in optimized],
         # this rank's shard of each block's gradients
         "shards": [sum(p.to_local().nbytes for p in b.parameters()) for b in blocks],  # type: ignore[union-attr, operator]
         "budget_warnings": [
@@ -231,11 +246,13 @@ def _accumulate(rank: int) -> dict[str, Any]:
     }
 
 
-def test_fsdp2_gradients_accumulated_in_the_shards_are_planned_beside(tmp_path: Path) -> None:
+@pytest.mark.parametrize("nested", [False, True], ids=["blocks-sharded", "units-around-blocks"])
+def test_fsdp2_gradients_accumulated_in_the_shards_are_planned_beside(tmp_path: Path, nested: bool) -> None:
     # FSDP2 keeps a block's reduce-scattered gradients in its sharded parameters, which the
     # block's forward does not see (it runs on the unsharded ones): its plans were made beside
-    # no gradients over every micro-batch after the first
-    spawn(_accumulating_worker, (free_port(), str(tmp_path)), WORLD)
+    # no gradients over every micro-batch after the first. An optimized block inside a sharded
+    # unit has them kept in the unit's FSDP2 state: its plans were made beside none of them
+    spawn(_accumulating_worker, (free_port(), str(tmp_path), nested), WORLD)
     for r in range(WORLD):
         doc = json.loads((tmp_path / f"accum{r}.json").read_text())
         assert doc["param_diff"] == 0.0, (
