@@ -889,14 +889,7 @@ def _warn_if_numbers_vary(
     if not varied:
         return
     state.warned_numbers = True
-    try:
-        params = [
-            p.name
-            for p in inspect.signature(state.eager).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-    except (TypeError, ValueError):  # a builtin or C forward: positions only
-        params = []
+    params = _positional_names(state)
     names = ", ".join(_input_name(args, kwargs, i - 1, params) for i in varied)  # key[0]: the pytree spec
     warnings.warn(
         f"a Python number among the module's inputs ({names}) took {NUMBER_VALUES} values at the same "
@@ -943,14 +936,7 @@ def _warn_if_shapes_vary(
     if len(seen) < SHAPES_PLANNED:
         return
     state.warned_shapes = True
-    try:
-        params = [
-            p.name
-            for p in inspect.signature(state.eager).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-    except (TypeError, ValueError):
-        params = []
+    params = _positional_names(state)
     varied = []
     for k, i in enumerate(tensors):
         for d in range(family[i][0]):
@@ -971,6 +957,19 @@ def _warn_if_shapes_vary(
         OverheadWarning,
         stacklevel=_caller_level(),
     )
+
+
+def _positional_names(state: CheckmateState) -> list[str]:
+    """The names of the original forward's positional parameters, for :func:`_input_name`
+    (none for a builtin or C forward: inputs are then named by position)."""
+    try:
+        return [
+            p.name
+            for p in inspect.signature(state.eager).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        return []
 
 
 def _input_name(args: tuple[Any, ...], kwargs: dict[str, Any], leaf: int, params: list[str]) -> str:
