@@ -139,7 +139,11 @@ class BudgetWarning(UserWarning):
     """The budget may not hold as asked: a graph was planned above the fraction asked (the
     fraction is infeasible for it, and it is too small a part of its step to set the step's
     peak, see :meth:`Planner.partition`), or ``compiler="inductor"`` runs the step with
-    buffers of Inductor's own, whose peak the plan does not bound exactly."""
+    buffers of Inductor's own, whose peak the plan does not bound exactly. Or it did not hold:
+    a training step measured whole exceeded it (memory held outside the module, a graph run
+    more often than planned), and the module is compiled again with room for that
+    (:meth:`Planner.check_step`), or no plan leaves that room. The warnings of this library
+    each say which, by how much, and what to change."""
 
 
 class OverheadWarning(UserWarning):
