@@ -1617,13 +1617,12 @@ class Planner:
             f"planned with the step), or raise the budget to {format_bytes(peak + grads_held)}"
         )
 
-    def _overran(
-        self, peak: int, asked: int, of: str, why: str, room: str, advice: str | None = None
-    ) -> None:
+    def _overran(self, peak: int, asked: int, of: str, why: str, room: str, advice: str) -> None:
         """Once, the :class:`BudgetWarning` (``overrun_warning``, for the caller to issue) that
         a step measured whole at ``peak`` bytes exceeded the ``asked`` budget (``of``: it in
         words) because ``why``, and is compiled again at the next call (``room``: what the
-        new plans leave room for). The steps of its input shape before it ran over the
+        new plans leave room for; ``advice``: what makes the budget hold from the first
+        step, beside leaving the excess spare). The steps of its input shape before it ran over the
         budget as this one did: the first calls are planned before a step can be measured,
         and a budget that nearly fills a GPU's memory can run out there (an MLP whose 8192-way
         loss, with label smoothing and a z-loss, is computed outside it, at 0.8 of eager's
@@ -1635,9 +1634,8 @@ class Planner:
         self.overrun_warning = (
             f"the training step measured {format_bytes(peak)}, {peak / asked:.2f}x {of}: {why}. The module "
             f"is compiled again at its next call, {room}; steps like this one before then ran over the "
-            f"budget as it did. To have the budget hold from the first step, "
-            + (f"{advice}, or " if advice else "")
-            + f"leave {format_bytes(peak - asked)} more memory spare than the budget"
+            f"budget as it did. To have the budget hold from the first step, {advice}, or leave "
+            f"{format_bytes(peak - asked)} more memory spare than the budget"
         )
 
     def ran_more(self, step: object, ran: Mapping[int, int]) -> bool:
