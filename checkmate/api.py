@@ -30,8 +30,10 @@ import inspect
 import itertools
 import os
 import random
+import re
 import sys
 import threading
+import time
 import types
 import warnings
 import weakref
@@ -182,6 +184,17 @@ class CheckmateState:
     #: signature seen with it whose first call planned (:func:`_warn_if_shapes_vary`)
     shapes: dict[tuple[Any, ...], set[tuple[Any, ...]]] = field(default_factory=dict, repr=False)
     warned_shapes: bool = False
+    #: calls of an input signature compiled before that compiled graphs of the step again (a
+    #: guard of Dynamo's failed), the seconds their plans took, and the reasons Dynamo recorded
+    #: since the module last compiled, by their text with digits masked -> the latest
+    #: (:func:`_warn_if_recompiled`)
+    recompiles: int = 0
+    recompile_seconds: float = 0.0
+    recompile_reasons: dict[str, str] = field(default_factory=dict, repr=False)
+    #: the number of guard failures Dynamo had recorded for each code object when the module
+    #: last compiled (:func:`_guard_failures`)
+    guard_marks: dict[Any, int] = field(default_factory=dict, repr=False)
+    warned_recompiles: bool = False
     #: a forward the model had set on itself (``model.forward = ...``), which ``eager`` runs:
     #: its function where it was a method of the model (rebound to a copy), else the callable
     own_forward: tuple[Callable[..., Any], bool] | None = None
@@ -713,6 +726,7 @@ def _training_call(
                 _OPEN.add(state)
                 weakref.finalize(state, state.window.abort)  # a module dropped mid-measurement
     before = len(state.planner.records)
+    start = time.perf_counter()
     state.planner.begin_step(key)
     state.planner.input_shapes = _float_shapes(key)
     try:
@@ -731,6 +745,8 @@ def _training_call(
             _warn_if_numbers_vary(state, key, args, kwargs)
         if not state.warned_shapes:
             _warn_if_shapes_vary(state, key, args, kwargs)
+    if not state.warned_recompiles and len(state.planner.records) > before:
+        _warn_if_recompiled(state, time.perf_counter() - start, again=compiled_before is None)
     ran = Counter(state.planner.ran)
     if state.window is not None:
         # per call: the module's calls held at once are planned as such (Planner.calls)
@@ -951,6 +967,74 @@ def _warn_if_shapes_vary(
         OverheadWarning,
         stacklevel=_caller_level(),
     )
+
+
+#: calls of a known input signature that compiled the step again, from which
+#: :func:`_warn_if_recompiled` warns (as Dynamo's own recompile limit, which checkmate raises)
+RECOMPILES_PLANNED = 8
+
+
+def _guard_failures() -> dict[Any, list[str]]:
+    """Dynamo's record of why a compiled frame's guards failed: code object -> reasons, each
+    ``"<compile id>: <guard>"`` (``torch._dynamo.utils.guard_failures``; empty where a torch
+    release has no such record)."""
+    return getattr(torch._dynamo.utils, "guard_failures", {})
+
+
+def _warn_if_recompiled(state: CheckmateState, seconds: float, *, again: bool) -> None:
+    """Once, an :class:`OverheadWarning` when :data:`RECOMPILES_PLANNED` calls of input
+    signatures compiled before (``again``) compiled graphs of the step again, giving the guards
+    Dynamo found failed. Called after a call that made plans, which took ``seconds``.
+
+    The inputs kept their sizes, yet something the step reads changed: a Python number kept
+    on the module or a global (a step counter: Dynamo specializes integer attributes), or,
+    after a graph break, a size that depends on tensor values (``x[mask]``, ``nonzero``).
+    Each value compiles and plans the step again (seconds to a minute a graph), unwarned, until
+    the compile limit raises. A frozen parameter unfrozen, or a hook added, compiles once or
+    twice and is not warned of."""
+    failures = _guard_failures()
+    if again:
+        for code, reasons in failures.items():
+            for reason in reasons[state.guard_marks.get(code, 0) :]:
+                text = _guard_reason(code, reason)
+                state.recompile_reasons[re.sub(r"\d+", "N", text)] = text
+        state.recompiles += 1
+        state.recompile_seconds += seconds
+    state.guard_marks = {code: len(reasons) for code, reasons in failures.items()}
+    if state.recompiles < RECOMPILES_PLANNED:
+        return
+    state.warned_recompiles = True
+    reasons = list(state.recompile_reasons.values())[-3:]
+    why = f" (Dynamo's guards that failed: {'; '.join(reasons)})" if reasons else ""
+    warnings.warn(
+        f"the step was compiled and planned again at {state.recompiles} calls whose inputs kept their "
+        f"types and sizes{why}: {state.recompile_seconds:.1f} s in those calls, compiling and planning. "
+        "Something the step reads changed. A Python number kept on the module or in a global (a step "
+        "counter, a schedule's factor) is specialized, as under torch.compile(dynamic=False): keep it in "
+        "a tensor (a buffer updated in place) or pass it as one. A size that depends on tensor values "
+        "(boolean-mask indexing x[mask], nonzero, unique) ends a graph, and the graph after it is "
+        "compiled at each new size: compute on every position and mask the result instead "
+        "(cross_entropy's ignore_index), or pad the selection to a fixed size. After "
+        f"{RECOMPILE_LIMIT} compiles the call raises",
+        OverheadWarning,
+        stacklevel=_caller_level(),
+    )
+
+
+def _guard_reason(code: Any, reason: str) -> str:
+    """One of Dynamo's guard-failure reasons for ``code``, short: its compile id and stack
+    trace left out, and, for the code Dynamo resumes at after a graph break
+    (``torch_dynamo_resume_in_forward_at_12``), where that break is."""
+    text = " ".join(reason.split("\nUser stack trace")[0].split())
+    text = re.sub(r"^\[?\d+/\d+\]?:\s*", "", text).split(" (HINT:")[0]
+    if "#" in text:  # "<guard> # <source line> # <file>:<line> in <function>"
+        parts = [part.strip() for part in text.split("#")]
+        text = f"{parts[0]} ({os.path.basename(parts[-1])})" if parts[-1] else parts[0]
+    where = re.fullmatch(r"torch_dynamo_resume_in_(.+)_at_(\d+)", getattr(code, "co_name", ""))
+    if where:
+        name = os.path.basename(getattr(code, "co_filename", "?"))
+        text += f", in the graph after the graph break in {where[1]} at {name}:{where[2]}"
+    return text[:300]
 
 
 def _positional_names(state: CheckmateState) -> list[str]:
@@ -1440,9 +1524,10 @@ def _compiled_call(
         limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         raise CheckmateError(
             f"torch.compile reached its recompile limit ({limit} variants) for this "
-            "optimized module, so the step would run unplanned: too many distinct input shapes or "
-            "argument values; pad inputs to a few shapes, or raise "
-            "torch._dynamo.config.recompile_limit"
+            "optimized module, so the step would run unplanned: too many distinct input shapes, "
+            "argument values, or values the step reads (a module's integer attribute, a size after "
+            "a graph break; the OverheadWarning before this named them); pad inputs to a few "
+            "shapes, keep such values in tensors, or raise torch._dynamo.config.recompile_limit"
         ) from exc
     except torch._dynamo.exc.BackendCompilerFailed as exc:
         inner = exc.inner_exception

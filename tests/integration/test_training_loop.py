@@ -414,3 +414,74 @@ def test_inputs_whose_sizes_change_from_batch_to_batch_warn_once_naming_the_dime
     assert "ids dimension 0: 2 sizes, 3 to 4" in said[0] and "pad_to_multiple_of" in said[0]
     assert not call(4, 12) + call(4, 13)  # once
     assert len(checkmate.plans_of(opt)) == SHAPES_PLANNED + 2  # warned, each shape still planned
+
+
+class _Counted(nn.Module):
+    """A block that counts its calls in a Python int and scales its output by them (a warmup
+    factor kept on the module)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.body(x).pow(2).mean() * min(1.0, self.calls / 100)
+
+
+class _MaskedHead(nn.Module):
+    """A masked-token model whose head runs on the masked positions only (``h[labels != -100]``):
+    their count, a size that depends on the labels' values, ends a graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, 32)
+        self.body = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+        self.head = nn.Linear(32, 100)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = self.body(self.embed(labels.clamp(min=0)) + x)
+        picked = labels != -100
+        return nn.functional.cross_entropy(self.head(h[picked]), labels[picked])
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (_Counted, "self.calls == "),
+        (_MaskedHead, "size mismatch at index 0"),
+    ],
+    ids=["module-int-attribute", "masked-positions"],
+)
+def test_a_step_compiled_again_at_the_same_input_sizes_warns_once_naming_the_guard(
+    make: Callable[[], nn.Module], named: str
+) -> None:
+    # inputs of one shape, yet each call compiled and planned the step again, unwarned before:
+    # a Python int on the module (Dynamo specializes it) or, after a graph break, a count of
+    # masked positions (a masked-token model: a new size at almost every batch), until the
+    # compile limit raised after 1,024 calls
+    import warnings
+
+    from checkmate.api import RECOMPILES_PLANNED
+
+    torch.manual_seed(0)
+    opt = checkmate.optimize(make(), "1GiB")  # bytes: the step runs compiled, planned or not
+    x = torch.randn(4, 16, 32)
+
+    def call(masked: int) -> list[str]:
+        labels = torch.full((4, 16), -100)
+        labels.view(-1)[:masked] = torch.arange(masked) % 100  # a count of its own at each call
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt(x, labels).backward()
+        return [str(w.message) for w in caught if issubclass(w.category, checkmate.OverheadWarning)]
+
+    assert not call(10)
+    said = [m for masked in range(11, 11 + RECOMPILES_PLANNED) for m in call(masked)]
+    assert len(said) == 1, said  # at the last of them
+    assert f"compiled and planned again at {RECOMPILES_PLANNED} calls whose inputs kept" in said[0]
+    assert named in said[0] and "_training_loop.py" in said[0], said[0]
+    assert "keep it in a tensor" in said[0] and "ignore_index" in said[0]
+    assert not call(30) + call(31)  # once
+    assert len(checkmate.plans_of(opt)) >= RECOMPILES_PLANNED + 3  # warned, each still planned
