@@ -990,16 +990,23 @@ def _warn_if_recompiled(state: CheckmateState, seconds: float, *, again: bool) -
     on the module or a global (a step counter: Dynamo specializes integer attributes), or,
     after a graph break, a size that depends on tensor values (``x[mask]``, ``nonzero``).
     Each value compiles and plans the step again (seconds to a minute a graph), unwarned, until
-    the compile limit raises. A frozen parameter unfrozen, or a hook added, compiles once or
-    twice and is not warned of."""
+    the compile limit raises. A parameter frozen or unfrozen compiles the step again too, and
+    is not counted: the step trains other parameters, and needs a plan of its own."""
     failures = _guard_failures()
     if again:
-        for code, reasons in failures.items():
-            for reason in reasons[state.guard_marks.get(code, 0) :]:
-                text = _guard_reason(code, reason)
+        new = [
+            _guard_reason(code, reason)
+            for code, reasons in failures.items()
+            for reason in reasons[state.guard_marks.get(code, 0) :]
+        ]
+        # a parameter frozen or unfrozen (gradual unfreezing, a layer per epoch) changes what
+        # the step trains: a plan of its own each time, not a value to keep in a tensor
+        wanted = [text for text in new if "requires_grad" not in text]
+        if wanted or not new:
+            for text in wanted:
                 state.recompile_reasons[re.sub(r"\d+", "N", text)] = text
-        state.recompiles += 1
-        state.recompile_seconds += seconds
+            state.recompiles += 1
+            state.recompile_seconds += seconds
     state.guard_marks = {code: len(reasons) for code, reasons in failures.items()}
     if state.recompiles < RECOMPILES_PLANNED:
         return

@@ -485,3 +485,26 @@ def test_a_step_compiled_again_at_the_same_input_sizes_warns_once_naming_the_gua
     assert "keep it in a tensor" in said[0] and "ignore_index" in said[0]
     assert not call(30) + call(31)  # once
     assert len(checkmate.plans_of(opt)) >= RECOMPILES_PLANNED + 3  # warned, each still planned
+
+
+def test_gradual_unfreezing_compiles_again_unwarned() -> None:
+    # a layer unfrozen at each call (ULMFiT-style gradual unfreezing): the step trains other
+    # parameters each time and is planned again, as it must be, without the warning above,
+    # whose advice (keep a number in a tensor, mask instead of selecting) does not apply
+    import warnings
+
+    from checkmate.api import RECOMPILES_PLANNED
+
+    model = nn.Sequential(
+        *[nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(RECOMPILES_PLANNED + 2)]
+    )
+    model.requires_grad_(False)
+    opt = checkmate.optimize(model, "1GiB")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for layer in reversed(model):
+            layer.requires_grad_(True)
+            opt(torch.randn(64, 32)).pow(2).mean().backward()
+    assert not [w for w in caught if issubclass(w.category, checkmate.OverheadWarning)]
+    assert len(checkmate.plans_of(opt)) == len(model)  # each planned
+    assert all(p.grad is not None for p in model.parameters())
