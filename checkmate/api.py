@@ -185,9 +185,9 @@ class CheckmateState:
     shapes: dict[tuple[Any, ...], set[tuple[Any, ...]]] = field(default_factory=dict, repr=False)
     warned_shapes: bool = False
     #: calls of an input signature compiled before that compiled graphs of the step again (a
-    #: guard of Dynamo's failed), the seconds their plans took, and the reasons Dynamo recorded
-    #: since the module last compiled, by their text with digits masked -> the latest
-    #: (:func:`_warn_if_recompiled`)
+    #: guard of Dynamo's failed; not one on a parameter's requires_grad), the seconds those
+    #: calls took, and the reasons Dynamo recorded since the call before that compiled, by their
+    #: text with digits masked -> the latest (:func:`_warn_if_recompiled`)
     recompiles: int = 0
     recompile_seconds: float = 0.0
     recompile_reasons: dict[str, str] = field(default_factory=dict, repr=False)
