@@ -657,9 +657,8 @@ def _training_call(
     if state.outside_ddp and key in state.outside_ddp and active_ddp_module() is not None:
         log.info("the step was planned outside DDP's forward: planning it again inside, with DDP's buckets")
         _compile_again(state)
-    compiled_before = None  # a new input signature: the plans before it (_warn_if_*_vary)
-    if key not in state.eager_keys:  # a new input signature (not every step: a module walk)
-        compiled_before = len(state.planner.records)
+    new_signature = key not in state.eager_keys
+    if new_signature:  # not every step: a module walk
         state.params = None  # found again where a byte budget reads their gradients (below)
         check_fsdp_order(self)  # FSDP2: a sharded submodule would run outside the plan
         if not state.warned_checkpointing:
@@ -739,14 +738,15 @@ def _training_call(
         raise
     finally:
         state.planner.pending_held = 0  # only the call that found more calls held plans beside them
-    if compiled_before is not None and len(state.planner.records) > compiled_before:
-        # the new signature compiled: inputs that take a new value at every call compile at each
-        if not state.warned_numbers:
+    if len(state.planner.records) > before:
+        # the call compiled: inputs, or values the step reads, that take a new value at every
+        # call compile at each
+        if new_signature and not state.warned_numbers:
             _warn_if_numbers_vary(state, key, args, kwargs)
-        if not state.warned_shapes:
+        if new_signature and not state.warned_shapes:
             _warn_if_shapes_vary(state, key, args, kwargs)
-    if not state.warned_recompiles and len(state.planner.records) > before:
-        _warn_if_recompiled(state, time.perf_counter() - start, again=compiled_before is None)
+        if not state.warned_recompiles:
+            _warn_if_recompiled(state, time.perf_counter() - start, again=not new_signature)
     ran = Counter(state.planner.ran)
     if state.window is not None:
         # per call: the module's calls held at once are planned as such (Planner.calls)
