@@ -10,6 +10,7 @@ dispatcher-level count would not).
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -363,6 +364,10 @@ def test_a_graph_no_compiled_plan_fits_runs_uncompiled_within_the_budget() -> No
         step(opt)
     fell = [w for w in got if issubclass(w.category, checkmate.CompilerFallbackWarning)]
     assert len(fell) == 1 and "runs its plan uncompiled" in str(fell[0].message)
+    # the compiled attempts' seconds, and how to skip them (9,043 nodes compiled twice: minutes)
+    assert re.search(
+        r"compiler='aot' plans it without the compiled attempts, which took \d+ s", str(fell[0].message)
+    )
     assert not [w for w in got if issubclass(w.category, BudgetWarning)]
     assert [rec.compiler for rec in checkmate.plans_of(opt)] == ["aot"]
     peak = measure_peak(lambda: step(opt), method="allocator")
@@ -400,6 +405,7 @@ def test_a_graph_whose_compiled_plans_all_measure_over_runs_uncompiled(
         opt(x).pow(2).mean().backward()
     fell = [w for w in got if issubclass(w.category, checkmate.CompilerFallbackWarning)]
     assert len(fell) == 1 and "compiled by Inductor, its step measured" in str(fell[0].message)
+    assert re.search(r"without the compiled attempts, which took \d+ s here", str(fell[0].message))
     assert not [w for w in got if issubclass(w.category, BudgetWarning)]
     assert [rec.compiler for rec in checkmate.plans_of(opt)] == ["aot"]
     model.zero_grad(set_to_none=True)
