@@ -177,6 +177,10 @@ class _NoCompiledFit(Exception):
 #: (:class:`OverheadWarning`)
 COSTLY = 1.0
 
+#: ``SolveResult.info`` key of the plan keeping every value checked compiled in place of the plan
+#: at the least simulated peak, whose compute overhead (a fraction) it holds (:meth:`Planner._at_least_peak`)
+LEAST_COSTLY = "least_peak_overhead"
+
 #: a plan compiled by Inductor holding the outputs beside its loss through the backward, whose
 #: compute exceeds its graph's by more than this, is planned again with them dropped where the
 #: loop is seen dropping them (:meth:`Planner.first_backward`): a compile more, once
@@ -327,7 +331,10 @@ class Planner:
             until :meth:`finish_call` compares it with theirs.
         fallback: under Inductor, a graph no plan's compiled step fits raises
             :class:`_NoCompiledFit`, for the backend to run it uncompiled; off, its plan
-            measured least runs compiled, with a :class:`BudgetWarning`.
+            measured least runs compiled, with a :class:`BudgetWarning`; and a plan at the least
+            simulated peak is checked compiled even where it is costly (:meth:`_at_least_peak`).
+        skipped_least: the graph being compiled had its costly plan at the least simulated peak
+            replaced by the plan keeping every value (:meth:`_at_least_peak`).
         plan_unread: plan the gradients of outputs a loss returned beside them was computed from
             as not given (:func:`checkmate.tangents.unread_tangents`); off once a backward was
             given one.
@@ -402,6 +409,7 @@ class Planner:
     more_follows: bool = field(default=False, repr=False)
     unsettled: dict[object, list[_Unsettled]] = field(default_factory=dict, repr=False)
     fallback: bool = field(default=True, repr=False)
+    skipped_least: bool = field(default=False, repr=False)
     guessed: dict[object, tuple[str, dict[int, int]]] = field(default_factory=dict, repr=False)
     plan_unread: bool = field(default=True, repr=False)
     plan_dropped: bool = field(default=True, repr=False)
@@ -667,6 +675,8 @@ class Planner:
                     # a graph planned with room for what was measured outside it: the step,
                     # measured whole again, is what is judged (check_step)
                     quiet=beyond is not None or self._outside_room(jg.graph) > 0,
+                    # below the least simulated peak, costly plans are left to the fallback
+                    cheap=beyond is not None and self.fallback,
                 )
             jg = _unsaved_dropped(jg, modules)
             if beyond is not None and not check.fits:
@@ -674,8 +684,14 @@ class Planner:
                     beyond.add_note(f"Its compiled step, which may fit, could not be measured: {check.error}")
                 else:
                     tried = ", ".join(format_bytes(r.measured or 0) for r in check.rounds)
+                    costly = res.info.get(LEAST_COSTLY)
+                    at = (
+                        "at the least peak the graph model found"
+                        if costly is None
+                        else f"keeping every value (the plan at the least peak found recomputes {costly:+.0%})"
+                    )
                     beyond.add_note(
-                        f"Compiled by Inductor at the least peak the graph model found, the step measured "
+                        f"Compiled by Inductor {at}, the step measured "
                         f"{format_bytes(check.measured or 0)} (plans measured: {tried})"
                     )
                 raise beyond
@@ -998,9 +1014,23 @@ class Planner:
 
     def _at_least_peak(self, jg: JointGraph, exc: InfeasibleBudgetError, profile_id: str) -> SolveResult:
         """The plan at the least simulated peak found (``exc.minimum``), held to the bytes
-        asked (``exc.budget``) by the compiled check."""
+        asked (``exc.budget``) by the compiled check; where that plan's compute is more than
+        :data:`COSTLY` over the graph's, the plan keeping every value instead. Near the least
+        peak a plan recomputes much of the forward: long to compile, and slower than the
+        graph's plan run uncompiled where one fits (:func:`_uncompiled`). A Hugging Face Swin
+        at 0.5 of eager's peak: the least-peak plan recomputed 5,180 values (+924%), a backward
+        of 9,043 nodes that Inductor took 581 s to compile twice (with buffer reuse and
+        without) on a 2-core CPU with empty caches, measured over the budget, and the graph
+        then ran uncompiled at +15% planned compute. Keeping every value, Inductor may still
+        fuse the step under the budget (:meth:`_or_keep_all`). Not with :attr:`fallback` off:
+        the backend checks the costly plan compiled where no plan fits uncompiled either."""
         got = self._solved(jg.graph, Budget(nbytes=int(exc.minimum or 0)), profile_id)
         ref = keep_all_peak(jg.graph)
+        if self.fallback and got.cost is not None and got.cost > (1.0 + COSTLY) * jg.graph.total_cost:
+            self.skipped_least = True
+            costly = got.cost / jg.graph.total_cost - 1.0
+            got = checkpoint_all(jg.graph, ref)
+            got = replace(got, info={**got.info, "chosen": got.strategy, LEAST_COSTLY: costly})
         return replace(got, info={**got.info, "reference": ref, HELD_TO: exc.budget})
 
     def _unchecked_why(self) -> str | None:
@@ -1026,11 +1056,20 @@ class Planner:
         return False
 
     def _checked(
-        self, joint: fx.GraphModule, jg: JointGraph, first: _Plan, profile_id: str, *, quiet: bool = False
+        self,
+        joint: fx.GraphModule,
+        jg: JointGraph,
+        first: _Plan,
+        profile_id: str,
+        *,
+        quiet: bool = False,
+        cheap: bool = False,
     ) -> tuple[_Plan, Calibration]:
         """The plan whose halves, compiled by Inductor, measure within the plan's budget
         and use most of it (:mod:`checkmate.compiled`), starting from ``first``; ``quiet``:
-        no :class:`BudgetWarning` when none fits (the caller raises)."""
+        no :class:`BudgetWarning` when none fits (the caller raises); ``cheap``: no plan
+        replanned whose compute is more than :data:`COSTLY` over the graph's is compiled
+        (:meth:`_at_least_peak`)."""
         from checkmate.compiled import calibrate
 
         res = first[0]
@@ -1050,6 +1089,8 @@ class Planner:
                 bound = None if boundary is None or boundary >= target else int(boundary)
                 got = self._solved(jg.graph, Budget(nbytes=target, boundary=bound), profile_id)
             except InfeasibleBudgetError:
+                return None
+            if cheap and got.cost is not None and got.cost > (1.0 + COSTLY) * jg.graph.total_cost:
                 return None
             got = replace(got, info={**got.info, "reference": ref})
             return (got, *_codegen(joint, jg, got))
@@ -2151,15 +2192,27 @@ def _inductor_backend(planner: Planner) -> Callable[..., Any]:
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         planner.inputs = example_inputs  # the step's tensors, for checking plans compiled
+        planner.skipped_least = False
         start = time.perf_counter()
         try:
-            return compiled(gm, example_inputs)
-        except InfeasibleBudgetError as exc:  # no schedule the graph model finds, nor compiled
             try:
-                return _uncompiled(planner, gm, example_inputs, str(exc), time.perf_counter() - start)
-            except InfeasibleBudgetError as again:
-                exc.add_note(f"Run uncompiled (compiler='aot'), no plan of it fits either: {again}")
-                raise exc from None
+                return compiled(gm, example_inputs)
+            except InfeasibleBudgetError as exc:  # no schedule the graph model finds, nor compiled
+                try:
+                    return _uncompiled(planner, gm, example_inputs, str(exc), time.perf_counter() - start)
+                except InfeasibleBudgetError as again:
+                    either = f"Run uncompiled (compiler='aot'), no plan of it fits either: {again}"
+                    if not planner.skipped_least:
+                        exc.add_note(either)
+                        raise exc from None
+            planner.fallback = False  # the costly plan at the least peak, compiled, may fit
+            try:
+                return compiled(gm, example_inputs)
+            except InfeasibleBudgetError as last:
+                last.add_note(either)
+                raise last from None
+            finally:
+                planner.fallback = True
         except _NoCompiledFit as over:  # plans compiled, each measured over the budget
             try:
                 return _uncompiled(planner, gm, example_inputs, str(over), time.perf_counter() - start)
@@ -2181,10 +2234,10 @@ def _uncompiled(
     """The graph no plan's Inductor step fits (``why``), planned for and run as
     ``compiler="aot"`` runs it (the aot graph is not decomposed as Inductor's is, and its
     plan runs as planned), with a :class:`CompilerFallbackWarning` that gives the seconds
-    the compiled attempts took (``tried``): near the least peak a plan recomputes much of
-    the forward, and each compile of it is long (a Hugging Face Swin at 0.5 of eager's
-    peak: a backward of 9,043 nodes, compiled twice, 581 s of its first call's 627 s with
-    empty Inductor caches on a 2-core CPU, where ``compiler="aot"`` took 12 s).
+    the compiled attempts took (``tried``), which ``compiler="aot"`` skips (a Hugging Face
+    Swin at 0.5 of eager's peak: 87 s of its first call's 99 s with empty Inductor caches on
+    a 2-core CPU, where ``compiler="aot"`` took 12 s; 581 s of 627 s when the costly plan at
+    its least simulated peak was compiled too, see :meth:`Planner._at_least_peak`).
 
     Raises:
         InfeasibleBudgetError: no plan fits that way either.
