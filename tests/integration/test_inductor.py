@@ -208,9 +208,9 @@ class _WideVocabLM(torch.nn.Module):
         return torch.nn.functional.cross_entropy(self.head(h).flatten(0, 1), y.flatten())
 
 
-def test_a_budget_below_every_simulated_schedule_is_held_when_the_compiled_step_fits() -> None:
-    # no schedule simulates under 48 MiB here, while torch.compile's step holds about 18 MiB:
-    # the compiled check, not the graph model, decides under Inductor
+def _wide_vocab_case() -> tuple[_WideVocabLM, Callable[[Any], dict[str, Any]], dict[str, Any], int]:
+    """The model, a function giving a model's gradients of one batch, torch.compile's gradients
+    and its step's allocator peak."""
     torch.manual_seed(0)
     model = _WideVocabLM()
     x, y = torch.randint(0, 4096, (8, 128)), torch.randint(0, 4096, (8, 128))
@@ -222,7 +222,13 @@ def test_a_budget_below_every_simulated_schedule_is_held_when_the_compiled_step_
 
     ref = torch.compile(copy.deepcopy(model), dynamic=False)
     ref_grads = grads(ref)
-    compiled_peak = measure_peak(lambda: grads(ref), method="allocator")
+    return model, grads, ref_grads, measure_peak(lambda: grads(ref), method="allocator")
+
+
+def test_a_budget_below_every_simulated_schedule_is_held_when_the_compiled_step_fits() -> None:
+    # no schedule simulates under 48 MiB here, while torch.compile's step holds about 18 MiB:
+    # the compiled check, not the graph model, decides under Inductor
+    model, grads, ref_grads, compiled_peak = _wide_vocab_case()
     budget = int(1.5 * compiled_peak)
     opt = checkmate.optimize(copy.deepcopy(model), budget, compiler="inductor", time_limit=8, profile="cpu")
     _assert_close(grads(opt), ref_grads)
@@ -268,18 +274,7 @@ def test_a_costly_plan_at_the_least_peak_is_compiled_only_where_no_plan_fits_unc
 
     monkeypatch.setattr(R, "COSTLY", -1.0)
     costs = _measured_costs(monkeypatch)
-    torch.manual_seed(0)
-    model = _WideVocabLM()
-    x, y = torch.randint(0, 4096, (8, 128)), torch.randint(0, 4096, (8, 128))
-
-    def grads(m: Any) -> dict[str, Any]:
-        m.zero_grad(set_to_none=True)
-        m(x, y).backward()
-        return {k.removeprefix("_orig_mod."): p.grad.detach().clone() for k, p in m.named_parameters()}
-
-    ref = torch.compile(copy.deepcopy(model), dynamic=False)
-    ref_grads = grads(ref)
-    compiled_peak = measure_peak(lambda: grads(ref), method="allocator")
+    model, grads, ref_grads, compiled_peak = _wide_vocab_case()
     budget = int(1.5 * compiled_peak)
     opt = checkmate.optimize(copy.deepcopy(model), budget, compiler="inductor", time_limit=8, profile="cpu")
     _assert_close(grads(opt), ref_grads)
