@@ -9,6 +9,7 @@ from checkmate.codegen import SplitModules
 from checkmate.compiled import Calibration
 from checkmate.trace import JointGraph
 from solvers.budget import format_bytes, format_change
+from solvers.graph import Graph
 from solvers.result import SolveResult
 
 __all__ = ["HELD_TO", "KEEPS_ALL", "PlanRecord"]
@@ -21,6 +22,12 @@ KEEPS_ALL = "keeps_all"
 #: made at more simulated bytes than that (a family plan carried over at the ratio its
 #: compiled check found, :func:`checkmate.families.reuse`)
 HELD_TO = "held_to"
+
+
+def overhead(result: SolveResult, graph: Graph) -> float:
+    """A plan's compute over ``graph``'s without recomputation, less one (0.25: +25%; 0 for
+    a plan without a cost or a graph without compute)."""
+    return (result.cost or 0.0) / graph.total_cost - 1.0 if graph.total_cost else 0.0
 
 
 @dataclass(frozen=True)
@@ -116,8 +123,7 @@ class PlanRecord:
     @property
     def overhead(self) -> float:
         """The plan's compute over its graph's without recomputation, less one (0.25: +25%)."""
-        g = self.joint.graph
-        return (self.result.cost or 0.0) / g.total_cost - 1.0 if g.total_cost else 0.0
+        return overhead(self.result, self.joint.graph)
 
     def summary(self) -> str:
         """One line: graph size, budget, simulated peak, cost overhead, strategy."""

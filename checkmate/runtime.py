@@ -55,7 +55,7 @@ from checkmate.codegen import SplitModules, generate
 from checkmate.compiled import Calibration, CompileHalf
 from checkmate.distributed import ddp_reserve, fsdp_reserve, plan_once
 from checkmate.families import family_target, larger_shape_budget, plan_ahead, reuse
-from checkmate.records import HELD_TO, KEEPS_ALL, PlanRecord
+from checkmate.records import HELD_TO, KEEPS_ALL, PlanRecord, overhead
 from checkmate.scratch import flush_scratch, prefetch_scratch, scratch_bytes
 from checkmate.stepcheck import STEP_SLACK, abort_windows
 from checkmate.tangents import (
@@ -161,8 +161,9 @@ class CompilerFallbackWarning(UserWarning):
     budget runs its plan uncompiled, as ``compiler="aot"`` does, where one fits: the budget
     holds; that graph is not compiled. Measured: a Hugging Face Swin at 0.5 of eager's peak
     (536.34 KiB), whose Inductor step measured 1.10 MiB keeping every value (712.50 KiB at the
-    least peak the graph model found); planned as aot traces it, it steps within the budget. A Hugging Face Segformer at
-    0.5, whose compiled plans all measured 1.08-1.14x the budget: uncompiled, 0.96x."""
+    least peak the graph model found); planned as aot traces it, it steps within the budget.
+    A Hugging Face Segformer at 0.5, whose compiled plans all measured 1.08-1.14x the budget:
+    uncompiled, 0.96x."""
 
 
 class _NoCompiledFit(Exception):
@@ -1026,9 +1027,9 @@ class Planner:
         the backend checks the costly plan compiled where no plan fits uncompiled either."""
         got = self._solved(jg.graph, Budget(nbytes=int(exc.minimum or 0)), profile_id)
         ref = keep_all_peak(jg.graph)
-        if self.fallback and got.cost is not None and got.cost > (1.0 + COSTLY) * jg.graph.total_cost:
+        costly = overhead(got, jg.graph)
+        if self.fallback and costly > COSTLY:
             self.skipped_least = True
-            costly = got.cost / jg.graph.total_cost - 1.0
             got = checkpoint_all(jg.graph, ref)
             got = replace(got, info={**got.info, "chosen": got.strategy, LEAST_COSTLY: costly})
         return replace(got, info={**got.info, "reference": ref, HELD_TO: exc.budget})
@@ -1090,7 +1091,7 @@ class Planner:
                 got = self._solved(jg.graph, Budget(nbytes=target, boundary=bound), profile_id)
             except InfeasibleBudgetError:
                 return None
-            if cheap and got.cost is not None and got.cost > (1.0 + COSTLY) * jg.graph.total_cost:
+            if cheap and overhead(got, jg.graph) > COSTLY:
                 return None
             got = replace(got, info={**got.info, "reference": ref})
             return (got, *_codegen(joint, jg, got))
@@ -2194,34 +2195,37 @@ def _inductor_backend(planner: Planner) -> Callable[..., Any]:
         planner.inputs = example_inputs  # the step's tensors, for checking plans compiled
         planner.skipped_least = False
         start = time.perf_counter()
-        try:
-            try:
-                return compiled(gm, example_inputs)
-            except InfeasibleBudgetError as exc:  # no schedule the graph model finds, nor compiled
-                try:
-                    return _uncompiled(planner, gm, example_inputs, str(exc), time.perf_counter() - start)
-                except InfeasibleBudgetError as again:
-                    either = f"Run uncompiled (compiler='aot'), no plan of it fits either: {again}"
-                    if not planner.skipped_least:
-                        exc.add_note(either)
-                        raise exc from None
-            planner.fallback = False  # the costly plan at the least peak, compiled, may fit
+
+        def without_fallback(note: str | None = None) -> Any:
+            """Compiled again with :attr:`Planner.fallback` off, after no plan fit uncompiled
+            (``note`` says so on the error, where it raises)."""
+            planner.fallback = False
             try:
                 return compiled(gm, example_inputs)
             except InfeasibleBudgetError as last:
-                last.add_note(either)
+                if note is None:
+                    raise
+                last.add_note(note)
                 raise last from None
             finally:
                 planner.fallback = True
+
+        try:
+            return compiled(gm, example_inputs)
+        except InfeasibleBudgetError as exc:  # no schedule the graph model finds, nor compiled
+            try:
+                return _uncompiled(planner, gm, example_inputs, str(exc), time.perf_counter() - start)
+            except InfeasibleBudgetError as again:
+                either = f"Run uncompiled (compiler='aot'), no plan of it fits either: {again}"
+                if not planner.skipped_least:
+                    exc.add_note(either)
+                    raise exc from None
+                return without_fallback(either)  # the costly plan at the least peak, compiled, may fit
         except _NoCompiledFit as over:  # plans compiled, each measured over the budget
             try:
                 return _uncompiled(planner, gm, example_inputs, str(over), time.perf_counter() - start)
             except InfeasibleBudgetError:  # the plan measured least, compiled, with a warning
-                planner.fallback = False
-                try:
-                    return compiled(gm, example_inputs)
-                finally:
-                    planner.fallback = True
+                return without_fallback()
         finally:
             planner.inputs = None
 
