@@ -112,6 +112,12 @@ GUESS_SECONDS = 2.0
 #: a guessed room more than this share of the budget above what the graphs after it need
 #: is replanned at the next call (:meth:`Planner.finish_call`)
 GUESS_SLACK = 0.05
+#: what makes a step's ops that ran outside every captured graph planned (a step measured
+#: over its byte budget because of them says it)
+_UNCAPTURED_ADVICE = (
+    "make the code Dynamo could not trace traceable (TORCH_LOGS=graph_breaks lists it; the "
+    "UnplannedWarning at the step's first call named it)"
+)
 
 #: what a plan run by Inductor without the compiled check may hold (the warnings say it)
 UNCHECKED = (
@@ -314,6 +320,9 @@ class Planner:
             outputs), as measured; each graph of the step is planned holding that much less
             there (:attr:`solvers.budget.Budget.boundary`), scaled for steps not measured yet
             as ``outside`` is.
+        uncaptured: step signature -> the bytes ops its forward ran outside every captured
+            graph saved for the backward (:mod:`checkmate.uncaptured`), where they were a large
+            share of its plans': a step measured over the budget says they are held beside them.
         loss_guess: step signature -> the room its last graph was planned with, before any
             step of the module was measured whole, for a loss computed on its outputs outside
             the module (:func:`_loss_room`), until :meth:`check_step` measures what is held.
@@ -405,6 +414,7 @@ class Planner:
     outside: dict[object, int] = field(default_factory=dict, repr=False)
     outside_boundary: dict[object, int] = field(default_factory=dict, repr=False)
     loss_guess: dict[object, int] = field(default_factory=dict, repr=False)
+    uncaptured: dict[object, int] = field(default_factory=dict, repr=False)
     given_back: set[object] = field(default_factory=set, repr=False)
     input_shapes: frozenset[tuple[int, ...]] = field(default=frozenset(), repr=False)
     more_follows: bool = field(default=False, repr=False)
@@ -1628,6 +1638,23 @@ class Planner:
         beyond = peak - asked + self.outside.get(step, self.loss_guess.pop(step, 0))
         if self.calls == 1:  # else the earlier calls hold more than this one's boundary
             beyond = max(peak - held, beyond)
+        # what is held beyond the plans: ops the forward ran eagerly, where it found them large,
+        # else code outside the module (a loss on its outputs)
+        eager = self.uncaptured.get(step, 0)
+        if eager:
+            what, advice = (
+                f"{format_bytes(eager)} of it saved by ops its forward ran eagerly, outside every "
+                "captured graph, which no plan bounds",
+                _UNCAPTURED_ADVICE,
+            )
+        else:
+            what, advice = (
+                "a loss computed on its outputs, tensors kept from them, another model's step",
+                (
+                    "compute the loss inside the optimized module's forward (it is then planned with the step from "
+                    "the first call)"
+                ),
+            )
         if step not in self.outside or step in self.given_back:
             self.given_back.discard(step)
             self.outside[step] = beyond  # at least what it held at the boundary, beyond the plans'
@@ -1644,20 +1671,17 @@ class Planner:
                 asked,
                 of,
                 f"about {format_bytes(beyond)} is held outside the module between its forward and backward "
-                "(a loss computed on its outputs, tensors kept from them, another model's step), more than its "
-                "plans left room for",
+                f"({what}), more than its plans left room for",
                 "with room for it",
-                advice="compute the loss inside the optimized module's forward (it is then planned with the "
-                "step from the first call)",
+                advice=advice,
             )
             return "replan"
         return (
             f"the training step measured {format_bytes(peak)}, {peak / asked:.2f}x {of}: the module's plans "
             f"hold {format_bytes(held)} at the end of its forward, "
             f"and about {format_bytes(max(peak - held, 0))} more is held outside it between its forward and "
-            "backward (a loss computed on its outputs, tensors kept from them), which planning with room for "
-            f"it could not make fit. Compute the loss inside the optimized module's forward (it is then "
-            f"planned with the step), or raise the budget to {format_bytes(peak + grads_held)}"
+            f"backward ({what}), which planning with room for it could not make fit. To have it fit, {advice}, "
+            f"or raise the budget to {format_bytes(peak + grads_held)}"
         )
 
     def _overran(self, peak: int, asked: int, of: str, why: str, room: str, advice: str) -> None:

@@ -531,3 +531,128 @@ def test_a_module_backward_hook_runs_the_step_eagerly_and_the_warning_names_its_
         opt(torch.randn(8, 32)).sum().backward()
     assert got[0].filename == __file__
     assert calls == [1] and not plans_of(opt)
+
+
+# ------------------------------------------------------------------ part of the step run eagerly
+
+
+class PackedTagger(nn.Module):
+    """A sequence tagger over padded batches: embedding and an MLP (captured, one graph),
+    then ``pack_padded_sequence``, which Dynamo skips, so that the rest of the frame (the
+    LSTM over the packed batch, and the head) runs eagerly, outside every graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(200, 64)
+        self.pre = nn.Sequential(*[m for _ in range(3) for m in (nn.Linear(64, 64), nn.GELU())])
+        self.lstm = nn.LSTM(64, 64, batch_first=True, bidirectional=True)
+        self.head = nn.Sequential(
+            *[m for _ in range(3) for m in (nn.Linear(128, 128), nn.GELU())], nn.Linear(128, 8)
+        )
+
+    def forward(self, tok: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        e = self.pre(self.emb(tok))
+        packed = nn.utils.rnn.pack_padded_sequence(e, lengths, batch_first=True, enforce_sorted=False)
+        out, _ = self.lstm(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=tok.shape[1])
+        return self.head(out)
+
+
+def _tagger_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    tok = torch.randint(0, 200, (16, 32), generator=g)
+    lengths = torch.randint(4, 33, (16,), generator=g)
+    return tok, lengths, torch.randint(0, 8, (16, 32), generator=g)
+
+
+def _eager_saved(model: PackedTagger, tok: torch.Tensor, lengths: torch.Tensor) -> int:
+    """The bytes of distinct storages the tagger's eager part (from the packing on) saves
+    for its backward, seen by autograd's pack hook (not parameters)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            storages[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    e = model.pre(model.emb(tok))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        packed = nn.utils.rnn.pack_padded_sequence(e, lengths, batch_first=True, enforce_sorted=False)
+        out, _ = model.lstm(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=tok.shape[1])
+        model.head(out)
+    return sum(storages.values())
+
+
+def _mib(message: str, before: str) -> float:
+    """The MiB figure just before ``before`` in ``message``."""
+    found = re.search(r"([\d.]+) (KiB|MiB) " + re.escape(before), message)
+    assert found, message
+    return float(found.group(1)) / (1024 if found.group(2) == "KiB" else 1)
+
+
+def test_ops_run_outside_every_graph_are_warned_of_with_what_they_saved_and_why() -> None:
+    # the tagger's LSTM and head ran eagerly after the skipped packing: at a byte budget of
+    # 0.6 of eager's peak its steps measured 1.67x, then 1.35x the budget, with a warning
+    # that blamed a loss outside the module (it has none) and advised computing it inside
+    tok, lengths, y = _tagger_batch()
+    torch.manual_seed(0)
+    model = PackedTagger()
+    reference = copy.deepcopy(model)
+
+    def step(m: nn.Module) -> None:
+        F.cross_entropy(m(tok, lengths).flatten(0, 1), y.flatten()).backward()
+
+    eager = measure_peak(lambda: step(reference))
+    expected = _eager_saved(reference, tok, lengths)
+    opt = checkmate.optimize(model, int(0.6 * eager), profile="cpu", time_limit=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            step(opt)
+            for p in model.parameters():
+                p.grad = None
+    unplanned = _unplanned(caught)
+    assert len(unplanned) == 1, unplanned  # once, though the step compiled again
+    message = unplanned[0]
+    assert "PackedTagger's forward ran" in message and "outside every graph torch.compile captured" in message
+    assert "`pack_padded_sequence`" in message and "allow_rnn" in message
+    # what it saved, as a pack hook on the eager part sees it (the walk dedupes storages as it does)
+    assert _mib(message, "for the backward") == pytest.approx(expected / 2**20, rel=0.02, abs=0.01)
+    # the step measured over the budget says where the excess is
+    over = [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, BudgetWarning) and "measured" in str(w.message)
+    ]
+    assert over, [str(w.message) for w in caught]
+    assert "saved by ops its forward ran eagerly, outside every captured graph" in over[0]
+    assert "compute the loss inside" not in over[0]
+    assert plans_of(opt), "nothing was planned"
+
+
+def test_a_fraction_no_captured_graph_can_meet_says_the_step_ran_mostly_outside_them() -> None:
+    # the captured graph (embedding, MLP) cannot meet 0.3 of its own peak, and the step's
+    # peak is the eager part's: the error says so rather than only that the graph sets it
+    tok, lengths, y = _tagger_batch()
+    torch.manual_seed(0)
+    opt = checkmate.optimize(PackedTagger(), 0.3, profile="cpu", time_limit=3)
+    with pytest.raises(InfeasibleBudgetError) as caught:
+        F.cross_entropy(opt(tok, lengths).flatten(0, 1), y.flatten()).backward()
+    notes = getattr(caught.value, "__notes__", [])
+    assert any(
+        "outside every graph torch.compile captured" in n and "pack_padded_sequence" in n for n in notes
+    ), notes
+
+
+def test_a_graph_break_resumed_in_a_graph_is_not_taken_for_ops_run_outside() -> None:
+    x, y = _data()
+    torch.manual_seed(0)
+    opt = checkmate.optimize(BodyThenLoss(), 0.5, profile="cpu", time_limit=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt(x, y).backward()
+    assert len(plans_of(opt)) == 2
+    assert _unplanned(caught) == []
