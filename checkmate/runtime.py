@@ -56,7 +56,7 @@ from checkmate.compiled import Calibration, CompileHalf
 from checkmate.distributed import ddp_reserve, fsdp_reserve, plan_once
 from checkmate.families import family_target, larger_shape_budget, plan_ahead, reuse
 from checkmate.records import HELD_TO, KEEPS_ALL, PlanRecord, overhead
-from checkmate.scratch import flush_scratch, prefetch_scratch, scratch_bytes
+from checkmate.scratch import flush_scratch, held_beyond, prefetch_scratch, scratch_bytes
 from checkmate.stepcheck import STEP_SLACK, abort_windows
 from checkmate.tangents import (
     MadeZeros,
@@ -1214,6 +1214,10 @@ class Planner:
             with stage("scratch", spent):
                 return scratch_bytes(node, any_layout=any_layout)
 
+        def beyond(node: fx.Node) -> int:
+            with stage("scratch", spent):
+                return held_beyond(node, any_layout=any_layout)
+
         # Inductor runs a matrix product added to a tensor as one addmm where the sum is:
         # folded into the sum (checkmate.trace.into_addmm). Generated ops are not folded
         # (README, "Compilers": it needs horizontal fusions that break the plan's peak)
@@ -1229,6 +1233,7 @@ class Planner:
             num_fwd_outputs,
             costs,
             scratch=scratch,
+            held_beyond=beyond,
             fuse=fuse,
             save_costs=saving,
             # Inductor's C++ code stores bools slowly: masks are computed in the backward

@@ -15,6 +15,14 @@ whose scratch is not known yet are measured in a worker process instead
 (:func:`prefetch_scratch`): measured in place, ``native_dropout_backward``'s float copy of its
 mask (a full activation) read as 0, and the plan ran 1.08x over its budget.
 
+The same run measures what an op's outputs hold beyond their elements (:func:`held_beyond`):
+on the CPU, ``mse_loss``, ``smooth_l1_loss``, ``binary_cross_entropy`` and
+``soft_margin_loss`` return their scalar in the input-sized buffer of the elementwise
+losses, so that the loss a step returns keeps that buffer through the backward. Counted as
+4 bytes, a student MLP distilled with ``mse_loss`` on 1024 x 256 outputs measured 1 MiB
+over every simulated peak (1.08x a byte budget of 0.5 of eager's, then 1.03x replanned with
+the excess taken for memory outside the module).
+
 Under Inductor (``any_layout``) a convolution's scratch is the largest over the memory
 formats its 4-D tensors may arrive in: Inductor picks channels-last layouts for
 convolutions (its layout optimization), and oneDNN copies whichever input is not in the
@@ -44,7 +52,7 @@ from checkmate.eager import real_like, real_tensors
 from checkmate.ops import host_placed, is_mutation, is_random_node, is_view
 from checkmate.timing import ProfileWarning, device_tag
 
-__all__ = ["SCRATCH", "scratch_bytes", "prefetch_scratch", "flush_scratch"]
+__all__ = ["SCRATCH", "scratch_bytes", "held_beyond", "prefetch_scratch", "flush_scratch"]
 
 #: scratch below this many bytes is ignored (scalars wrapped into tensors, tiny reductions)
 _SCRATCH_MIN = 4096
@@ -59,6 +67,9 @@ _LAYOUT_TENSORS = 3
 #: scratch bytes per op key, per device (version 3: the worker measures on the parent's
 #: threads; version 2's worker measured on one, less than a multi-threaded step's kernels take)
 SCRATCH = DeviceTable("scratch", "checkmate-scratch", 3, int, "scratch-space cache", ProfileWarning)
+#: suffix of an op's key in ``SCRATCH`` under which what its outputs hold beyond their
+#: elements is recorded (:func:`held_beyond`), measured with its scratch
+_HELD = " held"
 _TAGS: dict[str, str] = {}
 log = logging.getLogger("checkmate")
 
@@ -73,9 +84,23 @@ def scratch_bytes(node: fx.Node, *, any_layout: bool = False) -> int:
         return 0
     key, tag, _ = got
     table = SCRATCH.table(tag)
-    if key not in table:
+    if key not in table or key + _HELD not in table:
         prefetch_scratch([node], any_layout=any_layout)
     return table[key]
+
+
+def held_beyond(node: fx.Node, *, any_layout: bool = False) -> int:
+    """Bytes the storages of ``node``'s outputs hold beyond their elements (a CPU
+    ``mse_loss``'s scalar in its input-sized buffer; see the module docstring), for as long
+    as they live; measured with its scratch (:func:`scratch_bytes`, the same ``any_layout``)."""
+    got = _signature(node, any_layout)
+    if got is None:
+        return 0
+    key, tag, _ = got
+    table = SCRATCH.table(tag)
+    if key + _HELD not in table:
+        prefetch_scratch([node], any_layout=any_layout)
+    return table[key + _HELD]
 
 
 def prefetch_scratch(nodes: Iterable[fx.Node], *, any_layout: bool = False) -> None:
@@ -85,11 +110,11 @@ def prefetch_scratch(nodes: Iterable[fx.Node], *, any_layout: bool = False) -> N
     todo: dict[tuple[str, str], tuple[fx.Node, object]] = {}
     for node in nodes:
         got = _signature(node, any_layout)
-        if got is not None and got[0] not in SCRATCH.table(got[1]):
+        if got is not None and not {got[0], got[0] + _HELD} <= SCRATCH.table(got[1]).keys():
             todo.setdefault((got[1], got[0]), (node, got[2]))
     if not todo:
         return
-    isolated: dict[tuple[str, str], int] = {}
+    isolated: dict[tuple[str, str], tuple[int, int]] = {}
     if torch._C._autograd._profiler_enabled():
         cpu = [k for k, (_, vals) in todo.items() if _device(vals).type == "cpu"]
         isolated = _measure_in_worker({k: todo[k] for k in cpu}, any_layout)
@@ -103,13 +128,14 @@ def prefetch_scratch(nodes: Iterable[fx.Node], *, any_layout: bool = False) -> N
             )
     with real_tensors():  # the partitioner runs under AOTAutograd's fake mode
         for (tag, key), (node, vals) in todo.items():
-            nbytes = isolated.get((tag, key))
-            if nbytes is None:
+            measured = isolated.get((tag, key))
+            if measured is None:
                 try:
-                    nbytes = measure_scratch(node, vals, any_layout=any_layout)
+                    measured = measure_scratch(node, vals, any_layout=any_layout)
                 except RuntimeError as exc:
-                    nbytes = _unmeasurable(node, exc)
-            SCRATCH.add(tag, key, nbytes)
+                    measured = (_unmeasurable(node, exc), 0)
+            SCRATCH.add(tag, key, measured[0])
+            SCRATCH.add(tag, key + _HELD, measured[1])
 
 
 def _unmeasurable(node: fx.Node, exc: RuntimeError) -> int:
@@ -164,31 +190,39 @@ def _tag(vals: object) -> str:
     return tag
 
 
-def measure_scratch(node: fx.Node, vals: object, *, any_layout: bool = False) -> int:
+def measure_scratch(node: fx.Node, vals: object, *, any_layout: bool = False) -> tuple[int, int]:
     """Run ``node``'s op once on random inputs shaped like ``vals`` (its traced args and
-    kwargs): the bytes its peak exceeds its outputs by, rounded; 0 below ``_SCRATCH_MIN``.
+    kwargs): the bytes its peak exceeds its outputs' storages by, and the bytes those
+    storages exceed their elements by, each rounded, and 0 below ``_SCRATCH_MIN``.
     ``any_layout``: a convolution runs once per memory format of its 4-D tensors, and the
     largest counts."""
     return _measure(node.target, vals, any_layout)
 
 
-def _measure(target: Any, vals: object, any_layout: bool = False) -> int:
-    """The scratch of ``target`` on inputs shaped like ``vals``; with ``any_layout``, of a
-    convolution the largest over the memory formats of its first 4-D tensors."""
+def _measure(target: Any, vals: object, any_layout: bool = False) -> tuple[int, int]:
+    """The scratch of ``target`` on inputs shaped like ``vals``, and what its outputs hold
+    beyond their elements; with ``any_layout``, of a convolution the largest over the memory
+    formats of its first 4-D tensors."""
     if not any_layout or target not in _LAYOUT_OPS:
         return _measure_once(target, vals, frozenset())
     leaves = torch.utils._pytree.tree_leaves(vals)
     four_d = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.dim() == 4]
     four_d = four_d[:_LAYOUT_TENSORS]
-    return max(
+    runs = [
         _measure_once(target, vals, frozenset(i for b, i in enumerate(four_d) if mask >> b & 1))
         for mask in range(1 << len(four_d))
-    )
+    ]
+    return max(r[0] for r in runs), max(r[1] for r in runs)
 
 
-def _measure_once(target: Any, vals: object, channels_last: frozenset[int]) -> int:
-    """The scratch of one run of ``target``; the tensors at these leaf positions of ``vals``
-    channels-last."""
+def _rounded(nbytes: int) -> int:
+    """``nbytes`` rounded up to ``_SCRATCH_ROUND``; 0 below ``_SCRATCH_MIN``."""
+    return 0 if nbytes < _SCRATCH_MIN else -(-nbytes // _SCRATCH_ROUND) * _SCRATCH_ROUND
+
+
+def _measure_once(target: Any, vals: object, channels_last: frozenset[int]) -> tuple[int, int]:
+    """The scratch of one run of ``target``, and what its outputs hold beyond their
+    elements; the tensors at these leaf positions of ``vals`` channels-last."""
     from checkmate.memory import measure_peak
 
     def real(x: object, i: int) -> object:
@@ -213,13 +247,25 @@ def _measure_once(target: Any, vals: object, channels_last: frozenset[int]) -> i
             run()
             out[0] = None
         peak = measure_peak(run)
-    produced = sum(
-        _held_bytes(t) for t in torch.utils._pytree.tree_leaves(out[0]) if isinstance(t, torch.Tensor)
+        inputs = {
+            _storage_ptr(x)
+            for x in torch.utils._pytree.tree_leaves((args, kwargs))
+            if isinstance(x, torch.Tensor)
+        }
+    outputs = [t for t in torch.utils._pytree.tree_leaves(out[0]) if isinstance(t, torch.Tensor)]
+    produced = sum(_held_bytes(t) for t in outputs)
+    # an output in a storage of its own larger than its elements (not an input's, returned)
+    beyond = sum(
+        max(_held_bytes(t) - t.numel() * t.element_size(), 0)
+        for t in outputs
+        if t.layout == torch.strided and _storage_ptr(t) not in inputs
     )
-    extra = int(peak) - int(produced)
-    if extra < _SCRATCH_MIN:
-        return 0
-    return -(-extra // _SCRATCH_ROUND) * _SCRATCH_ROUND
+    return _rounded(int(peak) - int(produced)), _rounded(beyond)
+
+
+def _storage_ptr(t: torch.Tensor) -> int | None:
+    """The address of ``t``'s storage (None for a layout without one)."""
+    return int(t.untyped_storage().data_ptr()) if t.layout == torch.strided else None
 
 
 def _held_bytes(t: torch.Tensor) -> int:
@@ -258,7 +304,7 @@ _WORKER = "from checkmate.scratch import _worker_main; _worker_main()"
 
 def _measure_in_worker(
     todo: dict[tuple[str, str], tuple[fx.Node, object]], any_layout: bool = False
-) -> dict[tuple[str, str], int]:
+) -> dict[tuple[str, str], tuple[int, int]]:
     """The scratch of ``todo``'s CPU ops measured in a fresh process (no profiler running
     there); those it could not measure (an op of the user's own library, an argument that
     does not pickle) are missing from the answer."""
@@ -293,13 +339,13 @@ def _measure_in_worker(
         answers = pickle.loads(proc.stdout)
     except Exception:  # the worker died or timed out: measured here, as before
         return {}
-    return {k: int(n) for (k, _), n in zip(jobs, answers) if n is not None}
+    return {k: (int(n[0]), int(n[1])) for (k, _), n in zip(jobs, answers) if n is not None}
 
 
 def _worker_main() -> None:
     """The worker: read the parent's thread count and pickled ``(op name, args and kwargs)``
-    jobs on stdin, answer each with its scratch bytes (None where the op could not run) on
-    stdout.
+    jobs on stdin, answer each with its scratch bytes and what its outputs hold beyond their
+    elements (None where the op could not run) on stdout.
 
     It runs the ops on as many threads as the parent, whose step they are measured for: a
     kernel's scratch can grow with its threads (oneDNN's convolution backward keeps a
@@ -312,7 +358,7 @@ def _worker_main() -> None:
     out = claim_stdout()
     threads, payloads = pickle.load(sys.stdin.buffer)
     torch.set_num_threads(threads)
-    answers: list[int | None] = []
+    answers: list[tuple[int, int] | None] = []
     for payload in payloads:
         try:
             name, spec, any_layout = pickle.loads(payload)

@@ -596,6 +596,7 @@ def build_graph(
     costs: Callable[[Sequence[fx.Node]], Sequence[float]],
     *,
     scratch: Callable[[fx.Node], int] | None = None,
+    held_beyond: Callable[[fx.Node], int] | None = None,
     fuse: Callable[[fx.Node], bool] | None = None,
     save_costs: Callable[[fx.Node], float] | None = None,
     late_masks: bool = False,
@@ -612,6 +613,8 @@ def build_graph(
         costs: seconds per fx node for a list of compute nodes (e.g. a profiler).
         scratch: bytes of scratch space an op allocates and frees while it runs (beyond
             its outputs), or None to assume none.
+        held_beyond: bytes an op's one output holds beyond its elements, for as long as it
+            lives (:func:`checkmate.scratch.held_beyond`), or None to assume none.
         fuse: for a compiler that fuses generated code into its readers (Inductor): whether
             an op is such code (:func:`checkmate.fusion.fusible`). Those ops are folded into
             their readers (see "Fused ops" in the module docstring), and so is a matrix
@@ -766,6 +769,10 @@ def build_graph(
         else _tensor_bytes(o.meta.get("val"))
         for o in owners
     }
+    if held_beyond is not None:  # a loss's scalar in the buffer of its elementwise losses
+        for o in owners:
+            if mem[o] and o.op == "call_function" and o not in call_of:
+                mem[o] += held_beyond(o)
     sunk = backward_only(
         owners, inputs, backward, once | held_owners | set(call_of), mem, late_masks=late_masks
     )
