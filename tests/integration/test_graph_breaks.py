@@ -656,3 +656,29 @@ def test_a_graph_break_resumed_in_a_graph_is_not_taken_for_ops_run_outside() -> 
         opt(x, y).backward()
     assert len(plans_of(opt)) == 2
     assert _unplanned(caught) == []
+
+
+def test_an_autograd_graph_the_count_cannot_read_does_not_fail_the_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the count is a diagnosis: a node type it cannot read (a library's own autograd nodes)
+    # leaves the step planned and run as before, unwarned
+    import checkmate.api as api
+
+    def unreadable(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("an autograd node it cannot read")
+
+    monkeypatch.setattr(api, "uncaptured", unreadable)
+    tok, lengths, y = _tagger_batch()
+    torch.manual_seed(0)
+    model = PackedTagger()
+    reference = copy.deepcopy(model)
+    opt = checkmate.optimize(model, 0.9, profile="cpu", time_limit=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        F.cross_entropy(opt(tok, lengths).flatten(0, 1), y.flatten()).backward()
+    F.cross_entropy(reference(tok, lengths).flatten(0, 1), y.flatten()).backward()
+    assert _unplanned(caught) == []
+    assert plans_of(opt)
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(a.grad, b.grad)
