@@ -110,13 +110,10 @@ def _saved_tensors(node: torch.autograd.graph.Node) -> list[torch.Tensor]:
     """The tensors an eager autograd node saved (its ``_saved_*`` attributes; a Python
     ``autograd.Function``'s ``saved_tensors``)."""
     found: list[torch.Tensor] = []
-    names = [n for n in dir(node) if n.startswith("_saved_")]
-    if hasattr(node, "saved_tensors"):
-        names.append("saved_tensors")
-    for name in names:
+    for name in [n for n in dir(node) if n.startswith("_saved_")] + ["saved_tensors"]:
         try:
             value = getattr(node, name)
-        except RuntimeError:  # freed already, or not a tensor's to unpack
+        except (AttributeError, RuntimeError):  # none, freed already, or not a tensor's to unpack
             continue
         for v in value if isinstance(value, (tuple, list)) else (value,):
             if isinstance(v, torch.Tensor) and v.layout is torch.strided and v.device.type != "meta":

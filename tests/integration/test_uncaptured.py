@@ -3,6 +3,8 @@ storages they saved for the backward, found by walking the autograd graph."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 pytest.importorskip("torch")
@@ -62,3 +64,23 @@ def test_the_reasons_dynamo_counted_during_a_call_are_given_with_their_explanati
     reasons = break_reasons(before)
     assert any("`pack_padded_sequence`" in r and "site-packages" not in r for r in reasons), reasons
     assert break_reasons(dynamo_failures()) == []
+
+
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = x * x
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return 2 * grad * y.sqrt()
+
+
+def test_a_python_autograd_function_run_eagerly_is_counted_with_what_it_saved() -> None:
+    w = torch.randn(32, 32, requires_grad=True)
+    y = _Square.apply(w + 1)  # AddBackward0 saves nothing; the Function saves its output
+    found = uncaptured([y], [w])
+    assert found.saved == y.nbytes and found.nodes == 2
