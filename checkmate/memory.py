@@ -245,16 +245,16 @@ class _StorageMode(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         if outs:
-            seen = {_storage_key(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+            seen = {storage_key(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
             for t in outs:
-                key = _storage_key(t)
+                key = storage_key(t)
                 if key is not None and key not in seen:
                     seen.add(key)
                     self.counter.on_alloc(t)
         return out
 
 
-def _storage_key(t: torch.Tensor) -> int | None:
+def storage_key(t: torch.Tensor) -> int | None:
     """Identity of the storage behind ``t`` (None for tensors without real storage)."""
     if t.device.type == "meta":
         return None

@@ -223,7 +223,7 @@ def _rounded(nbytes: int) -> int:
 def _measure_once(target: Any, vals: object, channels_last: frozenset[int]) -> tuple[int, int]:
     """The scratch of one run of ``target``, and what its outputs hold beyond their
     elements; the tensors at these leaf positions of ``vals`` channels-last."""
-    from checkmate.memory import measure_peak
+    from checkmate.memory import measure_peak, storage_key
 
     def real(x: object, i: int) -> object:
         return real_like(x, channels_last=i in channels_last) if isinstance(x, torch.Tensor) else x
@@ -248,7 +248,7 @@ def _measure_once(target: Any, vals: object, channels_last: frozenset[int]) -> t
             out[0] = None
         peak = measure_peak(run)
         inputs = {
-            _storage_ptr(x)
+            storage_key(x)
             for x in torch.utils._pytree.tree_leaves((args, kwargs))
             if isinstance(x, torch.Tensor)
         }
@@ -258,14 +258,9 @@ def _measure_once(target: Any, vals: object, channels_last: frozenset[int]) -> t
     beyond = sum(
         max(_held_bytes(t) - t.numel() * t.element_size(), 0)
         for t in outputs
-        if t.layout == torch.strided and _storage_ptr(t) not in inputs
+        if t.layout == torch.strided and storage_key(t) not in inputs
     )
     return _rounded(int(peak) - int(produced)), _rounded(beyond)
-
-
-def _storage_ptr(t: torch.Tensor) -> int | None:
-    """The address of ``t``'s storage (None for a layout without one)."""
-    return int(t.untyped_storage().data_ptr()) if t.layout == torch.strided else None
 
 
 def _held_bytes(t: torch.Tensor) -> int:

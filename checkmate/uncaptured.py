@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from checkmate.memory import storage_key
+
 __all__ = ["Uncaptured", "break_reasons", "dynamo_failures", "uncaptured"]
 
 #: the autograd node type of a graph AOTAutograd compiled (checkmate's plans, and any
@@ -57,8 +59,8 @@ def uncaptured(outputs: Iterable[torch.Tensor], held: Iterable[torch.Tensor]) ->
     keep_out: set[int] = set()
     stop: set[torch.autograd.graph.Node] = set()
     for t in held:
-        if (ptr := _storage(t)) is not None:
-            keep_out.add(ptr[0])
+        if (key := storage_key(t)) is not None:
+            keep_out.add(key)
         if t.grad_fn is not None:
             stop.add(t.grad_fn)
     seen: set[torch.autograd.graph.Node] = set()
@@ -78,19 +80,9 @@ def uncaptured(outputs: Iterable[torch.Tensor], held: Iterable[torch.Tensor]) ->
             continue
         kinds[kind] += 1
         for t in _saved_tensors(node):
-            if (got := _storage(t)) is not None and got[0] and got[0] not in keep_out:
-                storages[got[0]] = got[1]
+            if (key := storage_key(t)) is not None and key not in keep_out:
+                storages[key] = t.untyped_storage().nbytes()
     return Uncaptured(sum(storages.values()), sum(kinds.values()), tuple(k for k, _ in kinds.most_common()))
-
-
-def _storage(t: torch.Tensor) -> tuple[int, int] | None:
-    """The address and bytes of ``t``'s storage; None for a tensor subclass without one (a
-    DTensor's is its local shard's)."""
-    try:
-        storage = t.untyped_storage()
-        return storage.data_ptr(), storage.nbytes()
-    except (RuntimeError, NotImplementedError, TypeError):
-        return None
 
 
 def _saved_hooks_active() -> bool:
