@@ -38,7 +38,7 @@ import types
 import warnings
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -737,7 +737,9 @@ def _training_call(
     try:
         out = _compiled_call(state, args, kwargs, limits=key not in state.eager_keys or _near_limit(state))
         if failures is not None and len(state.planner.records) > before:
-            _check_uncaptured(self, state, key, (args, kwargs), out, failures, before)
+            # why Dynamo broke the step's graphs: what its warnings name as the cause
+            state.planner.breaks[key] = tuple(break_reasons(failures))
+            _check_uncaptured(self, state, key, (args, kwargs), out, state.planner.breaks[key], before)
         state.planner.settle()  # every graph of the step is compiled: a fraction it cannot meet raises
         state.planner.finish_call()  # a room guessed for graphs after a graph break, judged
     except BaseException:
@@ -785,6 +787,23 @@ def _training_call(
         )
         state.uncovered[key] = ran
         state.stepped.discard(key)
+    if (
+        state.window is None
+        and key not in state.unmeasurable
+        and len(state.planner.records) > before
+        and state.planner.budget.nbytes is not None
+        and state.planner.ran_more(key, ran)
+    ):
+        # a graph compiled in this call ran again in it (a loop over layers broken inside its body:
+        # LayerDrop's branch, a print): planned for one run, its runs are planned beside each other
+        # from the next call, not after a step measured over the budget. Blocks broken by a print
+        # at 0.5 of eager's peak stepped at 2.00x the budget until the third call, measured, said so
+        log.info(
+            "the training step ran graphs compiled in it more times than they were planned for (%s), so it may "
+            "have exceeded the budget: compiling it again at the next call, each run planned beside the others",
+            ", ".join(f"graph {i} {n} times" for i, n in sorted(ran.items()) if n > 1),
+        )
+        state.recompile = True
     _warn_calls(state)
     call = state.planner.call
     if len(state.planner.records) > before and (
@@ -863,14 +882,14 @@ def _check_uncaptured(
     key: tuple[Any, ...],
     call: tuple[tuple[Any, ...], dict[str, Any]],
     out: Any,
-    failures: Counter[str],
+    reasons: Sequence[str],
     before: int,
 ) -> None:
     """At a call that compiled the step of signature ``key`` (graphs ``before`` on): where the
     ops its forward ran outside every captured graph saved more than :data:`UNCAPTURED_SHARE`
     of what the graphs hold keeping every value (:mod:`checkmate.uncaptured`), an
-    :class:`UnplannedWarning` naming what Dynamo could not trace (``failures``: its counts
-    before the call), or, where the step's plan raises at :meth:`~checkmate.runtime.Planner.settle`,
+    :class:`UnplannedWarning` naming what Dynamo could not trace (``reasons``: its graph
+    breaks in the call, :func:`~checkmate.uncaptured.break_reasons`), or, where the step's plan raises at :meth:`~checkmate.runtime.Planner.settle`,
     a note on that error; the planner keeps the bytes for a step measured over its budget to say.
     Measured on an LSTM tagger, whose embedding and first layers were captured as one graph
     (11 MiB keeping every value) and whose LSTM and head ran eagerly: 27.6 MiB found, in 20 ms."""
@@ -888,7 +907,6 @@ def _check_uncaptured(
     if found.saved <= UNCAPTURED_SHARE * planned:
         return
     state.planner.uncaptured[key] = found.saved
-    reasons = break_reasons(failures)
     cause = (
         f"Dynamo could not trace: {'; '.join(reasons)}"
         if reasons
@@ -1089,10 +1107,18 @@ def _warn_if_recompiled(state: CheckmateState, seconds: float, *, again: bool) -
     state.warned_recompiles = True
     reasons = list(state.recompile_reasons.values())[-3:]
     why = f" (Dynamo's guards that failed: {'; '.join(reasons)})" if reasons else ""
+    # a list of metrics the forward appends to: its length is guarded, new at every call
+    grows = (
+        " A list or dict the forward appends to or fills (metrics collected in it) has its length guarded, "
+        "and it grows at every call: collect them outside the optimized forward, or in a tensor updated in "
+        "place."
+        if any(text.startswith("len(") for text in reasons)
+        else ""
+    )
     warnings.warn(
         f"the step was compiled and planned again at {state.recompiles} calls whose inputs kept their "
         f"types and sizes{why}: {state.recompile_seconds:.1f} s in those calls, compiling and planning. "
-        "Something the step reads changed. A Python number kept on the module or in a global (a step "
+        f"Something the step reads changed.{grows} A Python number kept on the module or in a global (a step "
         "counter, a schedule's factor) is specialized, as under torch.compile(dynamic=False): keep it in "
         "a tensor (a buffer updated in place) or pass it as one. A size that depends on tensor values "
         "(boolean-mask indexing x[mask], nonzero, unique) ends a graph, and the graph after it is "

@@ -118,6 +118,8 @@ _UNCAPTURED_ADVICE = (
     "make the code Dynamo could not trace traceable (TORCH_LOGS=graph_breaks lists it; the "
     "UnplannedWarning at the step's first call named it)"
 )
+#: Dynamo's reason for a graph break at a branch on a tensor (LayerDrop's ``if torch.rand([]) < p``)
+_BRANCH_BREAK = "Data-dependent branching"
 
 #: what a plan run by Inductor without the compiled check may hold (the warnings say it)
 UNCHECKED = (
@@ -323,6 +325,12 @@ class Planner:
         uncaptured: step signature -> the bytes ops its forward ran outside every captured
             graph saved for the backward (:mod:`checkmate.uncaptured`), where they were a large
             share of its plans': a step measured over the budget says they are held beside them.
+        breaks: step signature -> why Dynamo broke its graphs, as :func:`~checkmate.uncaptured.break_reasons`
+            gave them when the step was first compiled: what a graph run several times in the
+            step is said to come from (:meth:`_repeats`).
+        runs_unfit: step signatures with a graph that no plan fits beside its other runs in the
+            step (:meth:`_warn_runs`): measured over the budget, they are not planned again with
+            room for memory outside the module.
         loss_guess: step signature -> the room its last graph was planned with, before any
             step of the module was measured whole, for a loss computed on its outputs outside
             the module (:func:`_loss_room`), until :meth:`check_step` measures what is held.
@@ -415,6 +423,8 @@ class Planner:
     outside_boundary: dict[object, int] = field(default_factory=dict, repr=False)
     loss_guess: dict[object, int] = field(default_factory=dict, repr=False)
     uncaptured: dict[object, int] = field(default_factory=dict, repr=False)
+    breaks: dict[object, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    runs_unfit: set[object] = field(default_factory=set, repr=False)
     given_back: set[object] = field(default_factory=set, repr=False)
     input_shapes: frozenset[tuple[int, ...]] = field(default=frozenset(), repr=False)
     more_follows: bool = field(default=False, repr=False)
@@ -1410,16 +1420,37 @@ class Planner:
         that a graph that ran ``runs`` times in one step has no plan that fits the budget
         beside its other runs (``exc``): it is planned as one run, and its steps can exceed
         the budget."""
+        self.runs_unfit.add(self.step)
         if self.warned_runs:
             return
         self.warned_runs = True
+        cause, advice = self._repeats(self.step)
         self.runs_warning = (
-            f"a graph of this step ran {runs} times in it (a loop over layers broken by a branch on a tensor, as "
-            "LayerDrop's is, runs each layer's body as one graph), each run keeping what its backward needs while "
-            f"the later ones run, and no plan of it fits the budget of {format_bytes(self.budget.nbytes or 0)} "
+            f"a graph of this step ran {runs} times in it ({cause}), each run keeping what its backward needs "
+            f"while the later ones run, and no plan of it fits the budget of {format_bytes(self.budget.nbytes or 0)} "
             f"beside its other runs (its least peak found: {format_bytes(int(exc.minimum or 0))}): it is "
-            "planned as it was, and these steps can exceed the budget. Raise the budget, or set the layer "
-            "dropping to 0 (Hugging Face: layerdrop) so that the loop is one graph, planned whole"
+            f"planned as it was, and these steps can exceed the budget. Raise the budget, or {advice}"
+        )
+
+    def _repeats(self, step: object) -> tuple[str, str]:
+        """Why a graph of the step of signature ``step`` runs several times in it, and what
+        makes it run once: Dynamo's reasons for its graph breaks (``breaks``). A loop over
+        layers broken inside its body runs the body's graph once per layer: at a branch on a
+        tensor (LayerDrop's), or at code Dynamo cannot trace (a ``print``, a
+        ``torch._dynamo.disable``'d function, the observers of eager-mode quantization-aware
+        training)."""
+        reasons = self.breaks.get(step, ())
+        if not reasons or any(reason.startswith(_BRANCH_BREAK) for reason in reasons):
+            return (
+                "a loop over layers broken by a branch on a tensor, as LayerDrop's is, runs each layer's body "
+                "as one graph",
+                "set the layer dropping to 0 (Hugging Face: layerdrop), so that the loop is one graph planned whole",
+            )
+        return (
+            "a loop over layers split by graph breaks runs each piece of a layer as one graph; Dynamo could not "
+            f"trace: {'; '.join(reasons)}",
+            "make that code traceable (TORCH_LOGS=graph_breaks lists where it is), so that the loop is one graph "
+            "planned whole",
         )
 
     def take_warnings(self) -> list[str]:
@@ -1615,18 +1646,27 @@ class Planner:
                 format_bytes(asked),
                 times,
             )
+            cause, advice = self._repeats(step)
             self._overran(
                 peak,
                 asked,
                 of,
-                f"its graphs ran more times than they were planned for ({times}: a loop over layers broken by a "
-                "branch on a tensor, as LayerDrop's is), each run keeping what its backward needs while the "
-                "later ones ran",
+                f"its graphs ran more times than they were planned for ({times}: {cause}), each run keeping what "
+                "its backward needs while the later ones ran",
                 "with each run planned beside the others",
-                advice="set the layer dropping to 0 (Hugging Face: layerdrop), so that the loop is one graph "
-                "planned whole",
+                advice=advice,
             )
             return "replan"
+        if step in self.runs_unfit:
+            # a graph of it has no plan that fits beside its other runs, planned as one run: said
+            # (_warn_runs), and not memory held outside the module, which room for would not fix
+            log.info(
+                "the training step measured %s, over its budget of %s, a graph of it running more times than "
+                "any plan of it fits beside",
+                format_bytes(peak),
+                format_bytes(asked),
+            )
+            return None
         alone = _measured_alone([self.records[i] for i in graphs]) if self.calls == 1 else None
         if not self.outside and alone is not None and peak <= STEP_SLACK * alone:
             # what its graph measured compiled, alone: its plan's own excess, which the compiled

@@ -142,5 +142,8 @@ def break_reasons(before: Mapping[str, int], *, most: int = 3) -> list[str]:
             "",
         )
         why = re.sub(r" in file `[^`]*`", "", why)  # a path into site-packages
-        reasons.append(f"{lines[0]} ({why})" if why else lines[0])
+        why = re.sub(r"`<function (\S+) at 0x[0-9a-f]+>`", r"`\1`", why)  # an address, new each run
+        text = f"{lines[0]} ({why})" if why else lines[0]
+        if text not in reasons:  # one break is counted under both counters
+            reasons.append(text)
     return reasons[:most]

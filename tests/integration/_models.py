@@ -104,6 +104,34 @@ class Skipping(nn.Module):
         return nn.functional.cross_entropy(self.head(x), y)
 
 
+#: what :func:`_log_norm` logged last (a user's metrics)
+LOGGED: dict[str, float] = {}
+
+
+@torch._dynamo.disable
+def _log_norm(x: torch.Tensor) -> None:
+    """A user's logging helper that Dynamo does not trace (``torch._dynamo.disable``, as a
+    metrics library's call would be)."""
+    LOGGED["norm"] = float(x.detach().norm())
+
+
+class Logged(nn.Module):
+    """Blocks whose loop logs each block's output with a helper Dynamo does not trace: as
+    :class:`Skipping`'s branch does, the break has Dynamo run the loop eagerly and compile the
+    blocks' forward, one graph run once per block (the first block's another)."""
+
+    def __init__(self, blocks: int = 4, width: int = 256) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(MLPBlock(width) for _ in range(blocks))
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+            _log_norm(x)
+        return nn.functional.cross_entropy(self.head(x), y)
+
+
 class TinyTransformer(nn.Module):
     def __init__(self, vocab: int = 64, d: int = 64, layers: int = 2, p: float = 0.0) -> None:
         super().__init__()

@@ -446,13 +446,29 @@ class _MaskedHead(nn.Module):
         return nn.functional.cross_entropy(self.head(h[picked]), labels[picked])
 
 
+class _Metrics(nn.Module):
+    """A block that keeps each call's mean activation in a list on the module (metrics logged
+    later): Dynamo guards the list's length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+        self.means: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        self.means.append(h.detach().mean())
+        return h.pow(2).mean()
+
+
 @pytest.mark.parametrize(
     ("make", "named"),
     [
         (_Counted, "self.calls == "),
         (_MaskedHead, "size mismatch at index 0"),
+        (_Metrics, "A list or dict the forward appends to"),
     ],
-    ids=["module-int-attribute", "masked-positions"],
+    ids=["module-int-attribute", "masked-positions", "metrics-list"],
 )
 def test_a_step_compiled_again_at_the_same_input_sizes_warns_once_naming_the_guard(
     make: Callable[[], nn.Module], named: str
@@ -483,6 +499,7 @@ def test_a_step_compiled_again_at_the_same_input_sizes_warns_once_naming_the_gua
     assert f"compiled and planned again at {RECOMPILES_PLANNED} calls whose inputs kept" in said[0]
     assert named in said[0] and "_training_loop.py" in said[0], said[0]
     assert "keep it in a tensor" in said[0] and "ignore_index" in said[0]
+    assert ("A list or dict" in said[0]) == (make is _Metrics)  # said where a length was guarded
     assert not call(30) + call(31)  # once
     assert len(checkmate.plans_of(opt)) >= RECOMPILES_PLANNED + 3  # warned, each still planned
 
