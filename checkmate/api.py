@@ -783,7 +783,7 @@ def _training_call(
         # unwarned, after a step keeping fewer layers measured 0.82x
         log.info(
             "the training step ran its graphs more often than any step of these sizes measured whole "
-            "(a branch on a tensor decides how many times: LayerDrop, say): measuring it again"
+            "(a branch decides how many times: LayerDrop, say): measuring it again"
         )
         state.uncovered[key] = ran
         state.stepped.discard(key)
