@@ -792,11 +792,13 @@ def _training_call(
         and key not in state.unmeasurable
         and len(state.planner.records) > before
         and state.planner.budget.nbytes is not None
+        and not state.planner.runs_fit(ran)
         and state.planner.ran_more(key, ran)
     ):
         # a graph compiled in this call ran again in it (a loop over layers broken inside its body:
         # LayerDrop's branch, a print): planned for one run, its runs are planned beside each other
-        # from the next call, not after a step measured over the budget. Blocks broken by a print
+        # from the next call, not after a step measured over the budget (where its runs do not fit
+        # as planned: a budget far above the step's needs compiles nothing again). Blocks broken by a print
         # at 0.5 of eager's peak stepped at 2.00x the budget until the third call, measured, said so
         log.info(
             "the training step ran graphs compiled in it more times than they were planned for (%s), so it may "

@@ -491,6 +491,8 @@ class Planner:
         guess = self.guessed.pop(self.step, None)
         if guess is None or self.step in self.split or self.budget.nbytes is None:
             return
+        if all(not self.records[i].recomputes and not self.records[i].paged for i in self.call):
+            return  # every plan keeps every value: more room changes none of them
         profile_id, rooms = guess
         needs = self._needs(profile_id)
         spare = max(room - sum(least for _, least in needs[k + 1 :]) for k, room in rooms.items())
@@ -958,23 +960,12 @@ class Planner:
         ``max_j(sum_{i<j} S_i + P_j + sum_{k>j} G_k)``, ``P`` a graph's own peak (as its compiled step
         measured it alone, under Inductor); a graph that runs ``r`` times counts ``r S`` and
         ``r G``, and ``P + (r - 1) max(S, G)`` beside its own other runs."""
-        asked = self.budget.nbytes
-        assert asked is not None
         buckets = ddp_reserve()
         beside = self._beside()  # DDP's buckets, FSDP2's parameters, gradients held: beside every graph
-        nbytes = max(asked - beside - self._share_of_others(), 1)  # and the module's other calls' share
-        # a graph that runs r times in the step (a layer loop's) holds r times what one run does,
-        # and its own other runs hold, beside its peak, at most (r - 1) max(S, G) (as planned:
-        # _solve_beside_calls)
+        nbytes = self._graphs_room()
         records = [self.records[i] for i in self.call]
-        alone = [_held_bytes(r) for r in records]
-        peaks = [_own_peak(r, p) for r, (_, p, _) in zip(records, alone)]  # as compiled, where measured
         runs = [self._runs_of(r.joint.graph) for r in records]
-        parts = [(s * n, p + (n - 1) * max(s, g), g * n) for (s, _, g), p, n in zip(alone, peaks, runs)]
-        estimates = [
-            sum(s for s, _, _ in parts[:j]) + parts[j][1] + sum(g for _, _, g in parts[j + 1 :])
-            for j in range(len(parts))
-        ]
+        parts, peaks, estimates = _step_estimates(records, runs)
         worst = max(range(len(parts)), key=lambda j: estimates[j])
         if estimates[worst] <= nbytes:
             return  # a guessed room is judged when the call's forward returns (finish_call)
@@ -1018,6 +1009,22 @@ class Planner:
             BudgetWarning,
             stacklevel=2,
         )
+
+    def _graphs_room(self) -> int:
+        """Under a byte budget, what it leaves the graphs of one call: less what is held beside
+        every graph (DDP's buckets, FSDP2's parameters, gradients held) and the module's other
+        calls' share."""
+        asked = self.budget.nbytes
+        assert asked is not None
+        return max(asked - self._beside() - self._share_of_others(), 1)
+
+    def runs_fit(self, ran: Mapping[int, int]) -> bool:
+        """Whether the graphs a call ran (``ran``: record index -> runs, in the order they first
+        ran), as planned, fit the byte budget run so many times each, as :meth:`_check_split`
+        estimates: a graph planned for fewer runs that still fits needs no plan for them."""
+        records = [self.records[i] for i in ran]
+        runs = [max(n, self._runs_of(r.joint.graph)) for r, n in zip(records, ran.values())]
+        return max(_step_estimates(records, runs)[2]) <= self._graphs_room()
 
     def _compiled_may_fit(self, compiler: str, exc: InfeasibleBudgetError) -> bool:
         """Whether a budget the graph model finds no schedule for is worth checking compiled:
@@ -2072,6 +2079,25 @@ def _gradient_bytes(graph: Graph) -> int:
     """The bytes of ``graph``'s backward outputs (its gradients), which the sink reads."""
     backward = graph.backward_mask
     return sum(int(graph.mem[i]) for i in graph.preds[graph.n - 1] if backward[i])
+
+
+def _step_estimates(
+    records: Sequence[PlanRecord], runs: Sequence[int]
+) -> tuple[list[tuple[int, int, int]], list[int], list[int]]:
+    """The simulated peak of a step whose graphs (``records``, in call order) run ``runs``
+    times each, while each graph runs (:meth:`Planner._check_split`): per graph its part
+    (``(r S, P + (r - 1) max(S, G), r G)``), its own peak ``P`` and the step's estimate while
+    it runs. A graph that runs r times in the step (a layer loop's) holds r times what one
+    run does, and its own other runs hold, beside its peak, at most (r - 1) max(S, G) (as
+    planned: :meth:`Planner._solve_beside_calls`)."""
+    alone = [_held_bytes(r) for r in records]
+    peaks = [_own_peak(r, p) for r, (_, p, _) in zip(records, alone)]  # as compiled, where measured
+    parts = [(s * n, p + (n - 1) * max(s, g), g * n) for (s, _, g), p, n in zip(alone, peaks, runs)]
+    estimates = [
+        sum(s for s, _, _ in parts[:j]) + parts[j][1] + sum(g for _, _, g in parts[j + 1 :])
+        for j in range(len(parts))
+    ]
+    return parts, peaks, estimates
 
 
 def _held_bytes(record: PlanRecord) -> tuple[int, int, int]:

@@ -480,6 +480,20 @@ def test_a_graph_run_again_in_the_call_that_compiled_it_is_planned_for_its_runs_
 
 
 @pytest.mark.usefixtures("fresh_dynamo")
+def test_a_graph_run_again_that_fits_the_budget_as_planned_is_not_compiled_again() -> None:
+    # at twice eager's peak the Logged blocks' runs fit as planned for one run, and every plan
+    # keeps every value: compiling the step again, for their runs or to give back the room
+    # guessed for the graphs after the first, cost a compile and changed nothing
+    _, opt, _, (x, y), _ = _logged(2.0)
+    for _ in range(3):
+        opt(x, y).backward()
+    planner = opt.__dict__["_checkmate_state"].planner
+    assert len(planner.records) == 2  # the first block's graph and the others', compiled once
+    assert not planner.runs
+    assert all(not r.recomputes for r in planner.records)
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
 def test_a_step_running_its_graphs_more_often_that_never_comes_back_to_be_measured_warns_once() -> None:
     # after a step keeping every block, the steps measured to meet another keep two blocks each:
     # none covers it, and after _PATH_TRIES of them a BudgetWarning says its peak is unchecked
