@@ -415,6 +415,30 @@ def _logged(fraction: float) -> tuple[nn.Module, nn.Module, int, tuple[Any, Any]
     return model, checkmate.optimize(model, budget, time_limit=5), budget, (x, y), (None, None)
 
 
+def _blocks(name: str, fraction: float) -> tuple[nn.Module, nn.Module, int, tuple[Any, ...]]:
+    """:class:`Skipping` (keeping every block) or :class:`Logged` blocks as :func:`_skipping`
+    and :func:`_logged` optimize them, and the arguments of a step."""
+    if name == "Skipping":
+        model, opt, budget, (x, y), (_, every) = _skipping(fraction)
+        return model, opt, budget, (x, y, every)
+    model, opt, budget, (x, y), _ = _logged(fraction)
+    return model, opt, budget, (x, y)
+
+
+def _budget_warnings(model: nn.Module, opt: nn.Module, args: tuple[Any, ...], steps: int) -> list[str]:
+    """The :class:`checkmate.BudgetWarning` messages of ``steps`` training steps of ``opt``
+    (``model`` optimized) on ``args``, each closed by an optimizer step (which closes a step's
+    measurement)."""
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(steps):
+            opt(*args).backward()
+            sgd.step()
+            sgd.zero_grad()
+    return [str(w.message) for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
+
+
 @pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.parametrize(("compiler", "fraction"), [("aot", 0.6), ("aot", 0.5), ("inductor", 0.6)])
 def test_a_step_running_its_graphs_more_often_than_any_measured_is_measured_and_planned_for(
@@ -458,20 +482,16 @@ def test_a_graph_run_again_in_the_call_that_compiled_it_is_planned_for_its_runs_
     # a loop over blocks broken inside (LayerDrop's branch on a tensor; a logging helper Dynamo
     # does not trace) runs one graph per block: the call that compiled it planned it for one run.
     # Its runs were found only when a step was measured whole, the third call: the two before
-    # it (0.6 of eager's peak: the Skipping blocks 1.21x, the Logged blocks 1.25x the budget)
-    # and it ran over, warned after. Now the next call is planned for the runs
-    model, opt, budget, (x, y), (_, every) = _skipping(0.6) if model_name == "Skipping" else _logged(0.6)
-    args = (x, y, every) if model_name == "Skipping" else (x, y)
-    sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+    # it and it ran over (0.6 of eager's peak: 1.21x the budget, both models), warned after. Now
+    # the next call is planned for the runs
+    model, opt, budget, args = _blocks(model_name, 0.6)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _ in range(2):  # the call that compiled the blocks, then the one that compiles for their runs
-            opt(*args).backward()
-            sgd.step()
-            sgd.zero_grad()
+        # the call that compiled the blocks, then the one that compiles them for their runs
+        said = _budget_warnings(model, opt, args, 2)
         peak = measure_peak(lambda: opt(*args).backward())
         model.zero_grad()
-    said = [str(w.message) for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
+    said += [str(w.message) for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
     print(f"measured {peak / budget:.3f}x the budget", said)
     assert peak <= STEP_SLACK * budget, f"{peak / budget:.3f}x the budget"
     assert not said
@@ -522,16 +542,8 @@ def test_a_graph_whose_runs_no_plan_fits_beside_each_other_is_planned_as_one_run
     # run) has no plan beside its two other runs: planned as it was, the steps go on, warned of,
     # with what broke the loop: a branch on a tensor (LayerDrop's), or the helper Dynamo skips
     # (said to be LayerDrop's before)
-    model, opt, _budget, (x, y), (_, every) = _skipping(0.45) if model_name == "Skipping" else _logged(0.45)
-    args = (x, y, every) if model_name == "Skipping" else (x, y)
-    sgd = torch.optim.SGD(model.parameters(), lr=0.0)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(6):
-            opt(*args).backward()
-            sgd.step()
-            sgd.zero_grad()
-    said = [str(w.message) for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
+    model, opt, _, args = _blocks(model_name, 0.45)
+    said = _budget_warnings(model, opt, args, 6)
     print(said)
     runs = [m for m in said if "ran 3 times in it" in m and "no plan of it fits the budget" in m]
     assert len(runs) == 1, said
