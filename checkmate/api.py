@@ -798,8 +798,9 @@ def _training_call(
         # a graph compiled in this call ran again in it (a loop over layers broken inside its body:
         # LayerDrop's branch, a print): planned for one run, its runs are planned beside each other
         # from the next call, not after a step measured over the budget (where its runs do not fit
-        # as planned: a budget far above the step's needs compiles nothing again). Blocks broken by a print
-        # at 0.5 of eager's peak stepped at 2.00x the budget until the third call, measured, said so
+        # as planned: a budget far above the step's needs compiles nothing again). Blocks broken by
+        # a print at 0.5 of eager's peak stepped at 2.00x the budget until the third call, measured,
+        # said so
         log.info(
             "the training step ran graphs compiled in it more times than they were planned for (%s), so it may "
             "have exceeded the budget: compiling it again at the next call, each run planned beside the others",
@@ -891,8 +892,8 @@ def _check_uncaptured(
     ops its forward ran outside every captured graph saved more than :data:`UNCAPTURED_SHARE`
     of what the graphs hold keeping every value (:mod:`checkmate.uncaptured`), an
     :class:`UnplannedWarning` naming what Dynamo could not trace (``reasons``: its graph
-    breaks in the call, :func:`~checkmate.uncaptured.break_reasons`), or, where the step's plan raises at :meth:`~checkmate.runtime.Planner.settle`,
-    a note on that error; the planner keeps the bytes for a step measured over its budget to say.
+    breaks in the call, :func:`~checkmate.uncaptured.break_reasons`), or, where the step's
+    plan raises at :meth:`~checkmate.runtime.Planner.settle`, a note on that error; the planner keeps the bytes for a step measured over its budget to say.
     Measured on an LSTM tagger, whose embedding and first layers were captured as one graph
     (11 MiB keeping every value) and whose LSTM and head ran eagerly: 27.6 MiB found, in 20 ms."""
     planned = sum(r.reference_peak for r in state.planner.records[before:])

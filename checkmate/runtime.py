@@ -1022,6 +1022,8 @@ class Planner:
         """Whether the graphs a call ran (``ran``: record index -> runs, in the order they first
         ran), as planned, fit the byte budget run so many times each, as :meth:`_check_split`
         estimates: a graph planned for fewer runs that still fits needs no plan for them."""
+        if not ran:
+            return True
         records = [self.records[i] for i in ran]
         runs = [max(n, self._runs_of(r.joint.graph)) for r, n in zip(records, ran.values())]
         return max(_step_estimates(records, runs)[2]) <= self._graphs_room()
