@@ -792,6 +792,7 @@ def _training_call(
         and key not in state.unmeasurable
         and len(state.planner.records) > before
         and state.planner.budget.nbytes is not None
+        and any(n > 1 for n in ran.values())  # else nothing ran again: no plan simulated
         and not state.planner.runs_fit(ran)
         and state.planner.ran_more(key, ran)
     ):
