@@ -63,6 +63,7 @@ from checkmate.runtime import (
     Planner,
     PlanRecord,
     log,
+    repeated,
 )
 from checkmate.stepcheck import StepWindow, abort_windows, open_window
 from checkmate.uncaptured import break_reasons, dynamo_failures, uncaptured
@@ -762,16 +763,10 @@ def _training_call(
         # per call: the module's calls held at once are planned as such (Planner.calls)
         state.window_path = state.window_path | ran if again else ran
     elif key in state.unmeasurable and state.planner.budget.nbytes is not None:
-        if state.planner.ran_more(key, ran):
-            # no measured step can say whether the runs fit: planned for them, as a step measured
-            # over the budget is. The layer-dropping blocks under DDP (two gloo ranks) at 0.9 of
-            # eager DDP's peak stepped at 1.11x the budget, unwarned: each run kept all it saved
-            log.info(
-                "the training step ran graphs more times than they were planned for (%s), and its steps "
-                "are not measured whole: compiling it again, each run planned beside the others",
-                ", ".join(f"graph {i} {n} times" for i, n in sorted(ran.items()) if n > 1),
-            )
-            state.recompile = True
+        # no measured step can say whether the runs fit: planned for them, as a step measured
+        # over the budget is. The layer-dropping blocks under DDP (two gloo ranks) at 0.9 of
+        # eager DDP's peak stepped at 1.11x the budget, unwarned: each run kept all it saved
+        _plan_for_runs(state, key, ran, "and its steps are not measured whole")
     elif (
         key in state.stepped
         and state.path_tries.get(key, _PATH_TRIES) > 0
@@ -794,7 +789,6 @@ def _training_call(
         and state.planner.budget.nbytes is not None
         and any(n > 1 for n in ran.values())  # else nothing ran again: no plan simulated
         and not state.planner.runs_fit(ran)
-        and state.planner.ran_more(key, ran)
     ):
         # a graph compiled in this call ran again in it (a loop over layers broken inside its body:
         # LayerDrop's branch, a print): planned for one run, its runs are planned beside each other
@@ -802,12 +796,7 @@ def _training_call(
         # as planned: a budget far above the step's needs compiles nothing again). Blocks broken by
         # a print at 0.5 of eager's peak stepped at 2.00x the budget until the third call, measured,
         # said so
-        log.info(
-            "the training step ran graphs compiled in it more times than they were planned for (%s), so it may "
-            "have exceeded the budget: compiling it again at the next call, each run planned beside the others",
-            ", ".join(f"graph {i} {n} times" for i, n in sorted(ran.items()) if n > 1),
-        )
-        state.recompile = True
+        _plan_for_runs(state, key, ran, "in the call that compiled them, which may have exceeded the budget")
     _warn_calls(state)
     call = state.planner.call
     if len(state.planner.records) > before and (
@@ -878,6 +867,21 @@ def _training_call(
 #: ops run outside every captured graph that saved more than this share of the keep-all
 #: peaks of the graphs compiled with them are warned of (:func:`_check_uncaptured`)
 UNCAPTURED_SHARE = 0.1
+
+
+def _plan_for_runs(state: CheckmateState, key: tuple[Any, ...], ran: Counter[int], why: str) -> None:
+    """Where graphs of the step of signature ``key`` ran more times in a call (``ran``) than
+    they were planned for (:meth:`~checkmate.runtime.Planner.ran_more` records the runs), the
+    step is compiled again at the next call, each run planned beside the others; ``why``: what
+    makes that the time to (the logger says it)."""
+    if state.planner.ran_more(key, ran):
+        log.info(
+            "the training step ran graphs more times than they were planned for (%s), %s: compiling it again "
+            "at the next call, each run planned beside the others",
+            repeated(ran),
+            why,
+        )
+        state.recompile = True
 
 
 def _check_uncaptured(

@@ -1647,7 +1647,7 @@ class Planner:
             # a graph ran more often than it was planned for: what the runs before its backward
             # held is no memory outside. Planned for them first; measured over again after, the
             # rest is held outside (below)
-            times = ", ".join(f"graph {i} {n} times" for i, n in sorted((ran or {}).items()) if n > 1)
+            times = repeated(ran or {})
             log.info(
                 "the training step measured %s, over its budget of %s, running graphs more times than "
                 "they were planned for (%s): compiling it again, each run planned beside the others",
@@ -2081,6 +2081,12 @@ def _gradient_bytes(graph: Graph) -> int:
     """The bytes of ``graph``'s backward outputs (its gradients), which the sink reads."""
     backward = graph.backward_mask
     return sum(int(graph.mem[i]) for i in graph.preds[graph.n - 1] if backward[i])
+
+
+def repeated(ran: Mapping[int, int]) -> str:
+    """The graphs that ran more than once in a step (``ran``: record index -> runs), in words:
+    ``"graph 2 4 times, graph 3 4 times"``."""
+    return ", ".join(f"graph {i} {n} times" for i, n in sorted(ran.items()) if n > 1)
 
 
 def _step_estimates(
