@@ -712,6 +712,10 @@ def _training_call(
         and key not in state.stepped
         and state.window is None
         and not state.pending  # a later call of a step: measured from its first call only
+        # a plan to hold it: a step Dynamo ran eagerly whole (warned: UnplannedWarning) has none
+        # to plan again, nor memory outside its plans to find (an nn.LSTM's eager steps, measured,
+        # were warned of twice as memory held outside the module, and compiled again)
+        and state.planner.latest.get(key)
     ):
         # the step measured whole (checkmate.stepcheck); under a profiler, at a later call. Each
         # rank of a distributed job measures and plans again on its own: no rank waits for another
