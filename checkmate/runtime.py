@@ -118,6 +118,17 @@ _UNCAPTURED_ADVICE = (
     "make the code Dynamo could not trace traceable (TORCH_LOGS=graph_breaks lists it; the "
     "UnplannedWarning at the step's first call named it)"
 )
+#: a loop that frees the gradients only between the forward and the backward, in words, and
+#: what gives its plans their room back (the warnings about gradients held say it)
+LATE_ZERO = (
+    "the last step's, which the loop frees only between the forward and the backward "
+    "(optimizer.zero_grad() after the loss is computed, as PyTorch Lightning's loop calls it)"
+)
+LATE_ZERO_ADVICE = (
+    "Free them before the forward: optimizer.zero_grad() right after optimizer.step() (with "
+    "Lightning, override the LightningModule's optimizer_step to call "
+    "optimizer.step(closure=optimizer_closure) and then optimizer.zero_grad())"
+)
 #: Dynamo's reason for a graph break at a branch on a tensor (LayerDrop's ``if torch.rand([]) < p``)
 _BRANCH_BREAK = "Data-dependent branching"
 
@@ -383,6 +394,11 @@ class Planner:
         held_grads: the bytes of those the plans are made beside, as DDP's buckets are
             (:meth:`_beside`): ``grads_seen``, or 0 where no plan fits beside them
             (:meth:`_without_held_grads`).
+        grads_late: the loop frees the gradients only between the forward and the backward
+            (``optimizer.zero_grad()`` after the loss, as PyTorch Lightning's loop calls it),
+            as the caller found: those held as a call starts are the last step's, held
+            through the forward beside what it saves (planned beside as accumulated ones are,
+            and named so in the warnings).
         grads_warning: a :class:`BudgetWarning` for the caller to issue, once: no plan fits
             beside the gradients held (:meth:`_without_held_grads`).
         pending_held: while the call that found more calls held at once compiles, what the
@@ -444,6 +460,7 @@ class Planner:
     pending_held: int = field(default=0, repr=False)
     grads_seen: int = field(default=0, repr=False)
     held_grads: int = field(default=0, repr=False)
+    grads_late: bool = field(default=False, repr=False)
     grads_warning: str | None = field(default=None, repr=False)
     warned_grads: bool = field(default=False, repr=False)
     warned_calls: bool = field(default=False, repr=False)
@@ -1496,13 +1513,19 @@ class Planner:
         )
         if self.grads_warning is None and not self.warned_grads:
             self.warned_grads = True
+            said = f"the parameters held {format_bytes(held)} of gradients as the step started"
+            budget = format_bytes(self.budget.nbytes or 0)
+            if self.grads_late:
+                said += f": {LATE_ZERO}, so they are held through the forward beside what it saves. The budget of "
+                said += f"{budget} covers them"
+                advice = LATE_ZERO_ADVICE
+            else:
+                said += " (accumulated over earlier micro-batches, or zeros kept by zero_grad(set_to_none=False)), "
+                said += f"which the budget of {budget} covers"
+                advice = "Where gradients are not accumulated on purpose, zero them before each step (optimizer.zero_grad())"
             self.grads_warning = (
-                f"the parameters held {format_bytes(held)} of gradients as the step started (accumulated over "
-                "earlier micro-batches, or zeros kept by zero_grad(set_to_none=False)), which the budget of "
-                f"{format_bytes(self.budget.nbytes or 0)} covers, and no plan fits beside them{least}: planned "
-                f"as if none were held, these steps can exceed the budget by up to {format_bytes(held)}. Where "
-                "gradients are not accumulated on purpose, zero them before each step (optimizer.zero_grad()); "
-                "else raise the budget"
+                f"{said}, and no plan fits beside them{least}: planned as if none were held, these steps can exceed "
+                f"the budget by up to {format_bytes(held)}. {advice}; else raise the budget"
             )
         return True
 
@@ -1534,7 +1557,15 @@ class Planner:
         return (
             ("DDP's buckets", ddp_reserve()),
             ("FSDP2's parameters", fsdp_reserve()),
-            ("gradients held from earlier micro-batches", self.held_grads),
+            (self._grads_what(), self.held_grads),
+        )
+
+    def _grads_what(self) -> str:
+        """The gradients held as a call starts, in words (:attr:`grads_late`)."""
+        return (
+            "the last step's gradients held through the forward"
+            if self.grads_late
+            else ("gradients held from earlier micro-batches")
         )
 
     def _beside(self) -> int:
@@ -1597,7 +1628,7 @@ class Planner:
         graphs = self.latest.get(step, [])
         of = (  # what the step is measured against, in words
             f"the {format_bytes(asked or 0)} its budget of {format_bytes(budget or 0)} leaves beside "
-            f"{format_bytes(grads_held)} of gradients held from earlier micro-batches"
+            f"{format_bytes(grads_held)} of {self._grads_what().removeprefix('the ')}"
             if grads_held
             else f"its budget of {format_bytes(asked or 0)}"
         )

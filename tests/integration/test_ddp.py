@@ -597,6 +597,7 @@ def _accumulating_worker(rank: int, port: int, out: str) -> None:
             "ratios": [p / budget for p in peaks],
             "warnings": [str(w.message) for w in caught if issubclass(w.category, checkmate.BudgetWarning)],
             "held": planner.held_grads,
+            "late": planner.grads_late,
             "grads": sum(p.numel() * p.element_size() for p in model.parameters()),
             "runs": sorted(planner.runs.values()),
         }
@@ -613,6 +614,7 @@ def test_gradients_accumulated_under_no_sync_are_planned_beside_ddps_buckets(tmp
         doc = json.loads((tmp_path / f"rank{r}.json").read_text())
         print(f"rank {r}: {[round(x, 3) for x in doc['ratios']]}x the budget, {doc['warnings']}")
         assert doc["held"] == doc["grads"], doc  # planned beside them
+        assert not doc["late"], doc  # accumulated, not freed between the forward and the backward
         assert not doc["warnings"] and not doc["runs"], doc
         assert max(doc["ratios"]) <= 1.0, doc["ratios"]
 

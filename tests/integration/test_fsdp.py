@@ -238,6 +238,7 @@ def _accumulate(rank: int, nested: bool) -> dict[str, Any]:
             for p, q in zip(twin.parameters(), planned.parameters())
         ),
         "held": [b.__dict__["_checkmate_state"].planner.held_grads for b in optimized],
+        "late": [b.__dict__["_checkmate_state"].planner.grads_late for b in optimized],
         # this rank's shard of each block's gradients
         "shards": [sum(p.to_local().nbytes for p in b.parameters()) for b in blocks],  # type: ignore[union-attr, operator]
         "budget_warnings": [
@@ -259,6 +260,7 @@ def test_fsdp2_gradients_accumulated_in_the_shards_are_planned_beside(tmp_path: 
             f"rank {r}: parameters differ from eager FSDP2 by {doc['param_diff']}"
         )
         assert doc["held"] == doc["shards"] and min(doc["shards"]) > 0, f"rank {r}: {doc}"
+        assert not any(doc["late"]), f"rank {r}: {doc}"  # accumulated, not freed late
         assert not doc["budget_warnings"], doc["budget_warnings"]
         print(f"rank {r}: step peaks {[round(p, 3) for p in doc['peaks']]} of the budget")
         assert max(doc["peaks"]) <= 1.05, f"rank {r}: {max(doc['peaks']):.3f}x the budget"
