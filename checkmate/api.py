@@ -1375,6 +1375,12 @@ def _measure_until_backward(module: nn.Module, state: CheckmateState, key: tuple
     window.handles = window.handles or handles
 
     def reached(grad_outputs: Any) -> None:  # a parameter without a gradient: the backward's end
+        if not window.started_backward and window.grads_held and state.planner.grads_late:
+            # the loop freed the last step's gradients after the forward (zero_grad): not held here
+            now = _gradients_held(
+                itertools.chain((p.grad for p in state.params or ()), fsdp_gradients(state.fsdp_params))
+            )
+            window.released = max(window.grads_held - now, 0)
         window.mark_backward_start()
         if not window.ended and not window.queued:
             window.queued = True
@@ -1584,22 +1590,27 @@ LATE_ZERO_SHARE = 0.1
 
 
 def _warn_if_zeroed_late(state: CheckmateState, before: int) -> None:
-    """Once, an :class:`OverheadWarning` where the plans compiled in this call (``before`` on)
-    were made beside gradients the loop frees only between the forward and the backward
-    (:attr:`~checkmate.runtime.Planner.grads_late`), at least :data:`LATE_ZERO_SHARE` of the
-    budget, and recompute: freed before the forward, they would leave the plans that room.
-    Measured: a 4-layer transformer (8,000-token vocabulary, 27.7 MiB of gradients) at 0.8 of
-    eager's peak planned +11.8% of compute beside them, +3.0% with them freed after the step.
-    Where no plan fits beside them the BudgetWarning of :meth:`~checkmate.runtime.Planner._without_held_grads` says so."""
+    """Once, an :class:`OverheadWarning` where a plan compiled in this call (``before`` on)
+    was made beside gradients the loop frees only between the forward and the backward
+    (:attr:`~checkmate.runtime.Planner.grads_late`) through the whole step (the loss computed
+    outside the module, or no plan's forward fitting beside them:
+    :attr:`~checkmate.runtime.Planner.late_throughout`), they are at least
+    :data:`LATE_ZERO_SHARE` of the budget, and the plans recompute: freed before the forward,
+    they would leave the plans that room. Where no plan fits beside them the BudgetWarning of
+    :meth:`~checkmate.runtime.Planner._without_held_grads` says so."""
     planner = state.planner
     held, budget = planner.held_grads, planner.budget.nbytes or 0
     fresh = planner.records[before:]
-    if held < LATE_ZERO_SHARE * budget or not any(r.overhead > 0 for r in fresh):
+    if (
+        not planner.late_throughout
+        or held < LATE_ZERO_SHARE * budget
+        or not any(r.overhead > 0 for r in fresh)
+    ):
         return
     state.warned_late = True
     warnings.warn(
         f"the parameters hold {format_bytes(held)} of gradients as each step starts: {LATE_ZERO}. The "
-        f"budget of {format_bytes(budget)} covers them, so the plans leave them room through the step and "
+        f"budget of {format_bytes(budget)} covers them, and the plans leave them room through the whole step and "
         f"recompute more ({max(r.overhead for r in fresh):+.1%} of the step's compute). {LATE_ZERO_ADVICE} "
         "to give the plans that room",
         OverheadWarning,

@@ -143,24 +143,33 @@ def _allocator_peak(prof: torch.profiler.profile, until: str | None = None) -> t
 
 
 def _allocator_peaks(
-    prof: torch.profiler.profile, until: str | None = None, between: tuple[str, str] | None = None
+    prof: torch.profiler.profile,
+    until: str | None = None,
+    between: tuple[str, str] | None = None,
+    released: tuple[int, str, str] | None = None,
 ) -> tuple[int, int, int | None, int | None]:
     """:func:`_allocator_peak`; with ``between``, the peak of the running sum over the span
     from the last mark named ``between[0]`` before the first named ``between[1]`` to that
     one (counting what was live when it opened), and its peak outside that span (both None
-    where either mark is missing)."""
+    where either mark is missing). ``released``: bytes allocated before the profiler started
+    and freed (the profiler reports no size for such a free), the name prefix of the event
+    that frees them, and the mark by which they were freed at the latest: taken off the
+    running sum from the first of those."""
     results = prof.profiler.kineto_results if prof.profiler is not None else None
     if results is None:
         return 0, 0, None, None
     events: list[tuple[int, int, int, int]] = []  # (time, order, ptr, bytes), CPU only
     marks: dict[str, list[int]] = {}
-    names = {until, *(between or ())} - {None}
+    names = {until, *(between or ()), released[2] if released else None} - {None}
+    frees: list[int] = []  # when an event that frees the bytes released started
     stack = list(reversed(results.experimental_event_tree()))
     while stack:  # depth first, in the recorded order
         e = stack.pop()
         stack.extend(reversed(e.children))
         if e.name in names:
             marks.setdefault(e.name, []).append(e.start_time_ns)
+        elif released and e.name.startswith(released[1]):
+            frees.append(e.start_time_ns)
         fields = e.extra_fields
         if isinstance(fields, _ExtraFields_Allocation) and fields.device.type == "cpu" and fields.alloc_size:
             events.append((e.start_time_ns, len(events), fields.ptr, fields.alloc_size))
@@ -173,10 +182,17 @@ def _allocator_peaks(
         stop = min(marks[between[1]])
         starts = [t for t in marks.get(between[0], ()) if t <= stop]
         span = (max(starts), stop) if starts else None
+    release = (
+        min(frees + marks.get(released[2], []))
+        if released and released[0] and (frees or released[2] in marks)
+        else None
+    )
     live: dict[int, int] = {}
     current = peak = apart = 0
     inside: int | None = None
     for at, _, ptr, nbytes in events:
+        if release is not None and at >= release:
+            current, release = current - (released or (0, ""))[0], None
         if span is not None and inside is None and at >= span[0]:
             inside = current  # live when the span opens
         if nbytes > 0:

@@ -47,6 +47,10 @@ _END = "checkmate::step_end"
 #: forward returned (its last call's) and where the backward reached its outputs
 _FORWARD_END = "checkmate::forward_end"
 _BACKWARD_START = "checkmate::backward_start"
+#: the start of the name of the profiler event of ``torch.optim.Optimizer.zero_grad``, which
+#: frees the gradients a loop frees between the forward and the backward (``model.zero_grad()``
+#: records none: they are then taken as freed at the backward's start)
+_ZERO_GRAD = "Optimizer.zero_grad#"
 
 
 @dataclass(eq=False)  # identity: held in a weak set
@@ -58,6 +62,12 @@ class StepWindow:
     #: the bytes of gradients the module's parameters held at the start (accumulated over
     #: earlier micro-batches): not in the peak measured, but held through the step
     grads_held: int = 0
+    #: of those, the bytes the loop freed before the backward reached the module (the last
+    #: step's gradients, ``optimizer.zero_grad()`` between the forward and the backward): on
+    #: the CPU, whose profiler reports no size for freeing a block allocated before it started,
+    #: taken off the step's running sum from the optimizer's zero_grad, else from the
+    #: backward's start (set before that mark)
+    released: int = 0
     profiler: torch.profiler.profile | None = None
     cuda_before: int = 0
     cuda_peak: int | None = None
@@ -136,7 +146,9 @@ class StepWindow:
         if not self.ended or self.aborted:
             return None
         between = (_FORWARD_END, _BACKWARD_START)
-        peak, _, self.boundary, self.apart = _allocator_peaks(prof, until=_END, between=between)
+        peak, _, self.boundary, self.apart = _allocator_peaks(
+            prof, until=_END, between=between, released=(self.released, _ZERO_GRAD, _BACKWARD_START)
+        )
         return peak
 
 

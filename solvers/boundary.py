@@ -14,6 +14,12 @@ op's scratch space (:func:`with_ballast`). Any schedule of that graph within ``p
 holds at most ``boundary`` bytes when the backward starts, and is a schedule of the
 original graph once the ballast's steps are dropped (:func:`without_ballast`); the one
 simulator then checks it on the original graph (:func:`solvers.api.solve`).
+
+Memory held beside the forward only, and freed as the backward starts (the last step's
+gradients, where a training loop calls ``zero_grad`` between the forward and the backward),
+is planned the same way: a node of those bytes made first, not recomputable, and read by
+the first backward node (:func:`with_forward_hold`); :func:`forward_peak` checks a plan's
+forward beside them.
 """
 
 from __future__ import annotations
@@ -21,12 +27,22 @@ from __future__ import annotations
 from dataclasses import replace
 
 from solvers.graph import Graph, Node
-from solvers.schedule import Schedule, simulate
+from solvers.schedule import COMPUTE, Schedule, simulate
 
-__all__ = ["BALLAST", "boundary_hold", "with_ballast", "without_ballast"]
+__all__ = [
+    "BALLAST",
+    "HOLD",
+    "boundary_hold",
+    "forward_peak",
+    "with_ballast",
+    "with_forward_hold",
+    "without_ballast",
+]
 
 #: name of the ballast node (see the module docstring)
 BALLAST = "__boundary_ballast__"
+#: name of the node that holds memory through the forward only (:func:`with_forward_hold`)
+HOLD = "__forward_hold__"
 
 
 def boundary_hold(graph: Graph, schedule: Schedule) -> int:
@@ -34,6 +50,44 @@ def boundary_hold(graph: Graph, schedule: Schedule) -> int:
     forward hands to the backward, and its outputs): :attr:`SimResult.boundary`, which a
     caller that has simulated the schedule reads instead."""
     return simulate(graph, schedule).boundary
+
+
+def forward_peak(graph: Graph, schedule: Schedule) -> int:
+    """The most bytes ``schedule`` holds before its first compute of a backward node (its
+    forward, up to the forward/backward boundary): what must fit beside memory held through
+    the forward only, such as the gradients of the last step that a training loop frees
+    between the forward and the backward (``optimizer.zero_grad()`` after the loss). A plan
+    whose boundary is bounded (:func:`with_ballast`) can still hold more while its forward
+    runs (a large value computed and dropped before the boundary): the caller checks this."""
+    timeline = simulate(graph, schedule).timeline
+    bwd = graph.backward_mask
+    steps = schedule.steps
+    start = next((s for s, (op, i) in enumerate(steps) if op == COMPUTE and bwd[i]), len(steps))
+    return int(timeline[:start].max()) if start else 0
+
+
+def with_forward_hold(graph: Graph, nbytes: int) -> Graph:
+    """``graph`` with a node of ``nbytes`` inserted first (every id moves up by one), made
+    once (not recomputable) and read by the first backward node: memory held beside the
+    whole forward and freed as the backward starts, such as the gradients of the last step
+    that a training loop frees between the forward and the backward. Any schedule of the
+    result within a budget fits beside them through its forward and within the budget after;
+    :func:`without_ballast` (at 0) gives the schedule of ``graph``.
+
+    Raises:
+        ValueError: the graph has no backward node, or ``nbytes`` is negative.
+    """
+    at = graph.first_backward
+    if at >= graph.n:
+        raise ValueError(
+            f"graph {graph.name!r} has no backward node: nothing is held through its forward only"
+        )
+    if nbytes < 0:
+        raise ValueError(f"a hold of {nbytes} bytes: it must be >= 0")
+    nodes = [replace(nd, id=nd.id + 1) for nd in graph.nodes]
+    nodes.insert(0, Node(id=0, name=HOLD, cost=0.0, mem=nbytes, recomputable=False, key=HOLD))
+    edges = [(u + 1, v + 1) for u, v in graph.edges] + [(0, at + 1)]
+    return Graph(tuple(nodes), tuple(sorted(edges)), name=graph.name, meta=graph.meta)
 
 
 def with_ballast(graph: Graph, peak: int, boundary: int) -> tuple[Graph, int]:

@@ -522,6 +522,8 @@ def test_gradual_unfreezing_compiles_again_unwarned() -> None:
         for layer in reversed(model):
             layer.requires_grad_(True)
             opt(torch.randn(64, 32)).pow(2).mean().backward()
-    assert not [w for w in caught if issubclass(w.category, checkmate.OverheadWarning)]
+    assert not [w for w in caught if issubclass(w.category, checkmate.OverheadWarning)], [
+        str(w.message) for w in caught
+    ]
     assert len(checkmate.plans_of(opt)) == len(model)  # each planned
     assert all(p.grad is not None for p in model.parameters())
