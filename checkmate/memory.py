@@ -182,17 +182,14 @@ def _allocator_peaks(
         stop = min(marks[between[1]])
         starts = [t for t in marks.get(between[0], ()) if t <= stop]
         span = (max(starts), stop) if starts else None
-    release = (
-        min(frees + marks.get(released[2], []))
-        if released and released[0] and (frees or released[2] in marks)
-        else None
-    )
+    dropped, times = (released[0], frees + marks.get(released[2], [])) if released else (0, [])
+    release = min(times) if dropped and times else None
     live: dict[int, int] = {}
     current = peak = apart = 0
     inside: int | None = None
     for at, _, ptr, nbytes in events:
         if release is not None and at >= release:
-            current, release = current - (released or (0, ""))[0], None
+            current, release = current - dropped, None
         if span is not None and inside is None and at >= span[0]:
             inside = current  # live when the span opens
         if nbytes > 0:
