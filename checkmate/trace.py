@@ -14,7 +14,7 @@ Modelling choices (the simulator's memory must match what the runtime allocates)
 - A multi-output op (``native_layer_norm``, ``native_batch_norm``, ``native_dropout``) is
   one node per output it is read through (its ``getitem`` nodes), each holding that output's
   bytes, reading the op's inputs and costing the whole op: outputs die independently (a
-  BatchNorm's small running statistics are held to the end of the step, its large output is
+  BatchNorm's small running statistics are held to the backward's start, its large output is
   not), and recomputing any one output runs the op again. Codegen runs the op once for
   outputs computed one after another. (The tuple is not a node: a plan could otherwise keep
   it resident and "recompute" an output from it for free, which the runtime cannot honour.)
@@ -454,6 +454,19 @@ def _mutated_inputs(placeholders: Sequence[fx.Node], out_node: fx.Node) -> set[f
     return {p for p in placeholders if getattr(p.meta.get("desc"), "idx", None) in idx}
 
 
+def _mutation_outputs(outputs: Sequence[Any], out_node: fx.Node) -> set[fx.Node]:
+    """The outputs that are a mutated input's new value (AOTAutograd's output descriptors;
+    none where they are missing or do not line up with the outputs)."""
+    descs = out_node.meta.get("desc") or ()
+    if len(descs) != len(outputs):
+        return set()
+    return {
+        o
+        for o, d in zip(outputs, descs)
+        if isinstance(o, fx.Node) and getattr(d, "mutated_input", None) is not None
+    }
+
+
 def _is_bn_training(node: fx.Node) -> bool:
     return (
         node.target is torch.ops.aten._native_batch_norm_legit_functional.default
@@ -856,7 +869,19 @@ def build_graph(
             edges += [(ordered[p].name, w) for p in sorted(preds[o])] + [(w, o.name)]
             order.append(w)
         order.append(o.name)
-    sink_reads = {gid[b] for o in flat_out if (b := base.get(o)) is not None}
+    # a mutated input's new value is copied into the input by AOTAutograd's runtime wrapper
+    # once the forward returns, and dropped there: it is read at the backward's start, not
+    # held to the step's end (a MoCo key encoder updated in its forward held its parameters'
+    # bytes through the backward, 17% over the measured peak)
+    copied = _mutation_outputs(outputs, out_node)
+    sink_reads = {gid[b] for o in flat_out if o not in copied and (b := base.get(o)) is not None}
+    first_bwd = next((o for o in ordered if o in tangents), None)  # made as the backward starts, once
+    copy_reads = {gid[b] for o in copied if (b := base.get(o)) is not None} - sink_reads
+    if first_bwd is not None:
+        edges += [(ordered[i].name, first_bwd.name) for i in sorted(copy_reads) if i < gid[first_bwd]]
+        sink_reads |= {i for i in copy_reads if i >= gid[first_bwd]}
+    else:
+        sink_reads |= copy_reads
     # outputs a loss beside them was computed from: read by the loss's gradient too, so that a
     # plan dropping them at the backward's start (drop_outputs_beside_loss) holds them to there
     unread_by_loss = unread if beside is None else beside
