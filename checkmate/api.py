@@ -1374,7 +1374,12 @@ def _measure_until_backward(module: nn.Module, state: CheckmateState, key: tuple
     handles.extend(p.register_post_accumulate_grad_hook(accumulated) for p in params)
     window.handles = window.handles or handles
 
-    def reached(grad_outputs: Any) -> None:  # a parameter without a gradient: the backward's end
+    seen: Counter[int] = Counter()  # how many backwards reached each output node
+
+    def reached(node: int) -> None:  # a parameter without a gradient: the backward's end
+        seen[node] += 1
+        if seen[node] > 1:  # another backward through the same forward's graph: measured to its end
+            window.run_again(seen[node])
         if not window.started_backward and window.grads_held and state.planner.grads_late:
             # the loop freed the last step's gradients after the forward (zero_grad): not held here
             now = _gradients_held(
@@ -1386,8 +1391,8 @@ def _measure_until_backward(module: nn.Module, state: CheckmateState, key: tuple
             window.queued = True
             torch.autograd.Variable._execution_engine.queue_callback(window.mark_end)
 
-    for node in nodes.values():
-        node.register_prehook(reached)
+    for key_, node in nodes.items():
+        node.register_prehook(lambda grad_outputs, key_=key_: reached(key_))
 
 
 #: the states whose window is open: closed at the next optimizer step
@@ -1422,7 +1427,13 @@ def _close_window(state: CheckmateState) -> None:
         return
     state.measured_paths.setdefault(key, []).append(state.window_path)
     verdict = state.planner.check_step(
-        key, peak, window.boundary, window.apart, state.window_path, grads_held=window.grads_held
+        key,
+        peak,
+        window.boundary,
+        window.apart,
+        state.window_path,
+        grads_held=window.grads_held,
+        retained=max(window.backwards, 1),
     )
     if verdict == "replan":
         state.stepped.discard(key)

@@ -32,6 +32,7 @@ mutated buffers (BatchNorm running statistics) back once per step.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dis
 import functools
 import logging
@@ -77,7 +78,7 @@ from checkmate.trace import (
     recompute_dropout_from_mask,
 )
 from solvers.api import no_plan_error
-from solvers.boundary import boundary_hold, forward_peak, with_forward_hold, without_ballast
+from solvers.boundary import boundary_hold, forward_peak, retained_peaks, with_forward_hold, without_ballast
 from solvers.budget import Budget, format_bytes
 from solvers.errors import HeldOutputsError, InfeasibleBudgetError
 from solvers.graph import Graph
@@ -128,6 +129,24 @@ LATE_ZERO_ADVICE = (
     "Free them before the forward: optimizer.zero_grad() right after optimizer.step() (with "
     "Lightning, override the LightningModule's optimizer_step to call "
     "optimizer.step(closure=optimizer_closure) and then optimizer.zero_grad())"
+)
+#: plans made at most for a step whose backward runs again through one forward's graph
+RETAINED_TRIES = 4
+#: a step whose backward ran again through the graph of one forward (retain_graph=True), in
+#: words; what makes it one backward; and the warning where its plans made so do not fit
+RETAINED_WHY = (
+    "a backward ran through the module's graph again (backward(retain_graph=True), then another backward "
+    "through the same forward), and autograd holds every value the forward saved until the last backward, "
+    "where the plans free each one at its last read"
+)
+RETAINED_ADVICE = (
+    "sum the losses and call backward once ((loss1 + loss2).backward() accumulates the same gradients)"
+)
+RETAINED = (
+    "the training step measured {peak}, {ratio:.2f}x {of}: " + RETAINED_WHY + ", and no plan holding what "
+    "the forward saves through every backward fits. To have it fit, "
+    + RETAINED_ADVICE
+    + ", or raise the budget"
 )
 #: Dynamo's reason for a graph break at a branch on a tensor (LayerDrop's ``if torch.rand([]) < p``)
 _BRANCH_BREAK = "Data-dependent branching"
@@ -347,6 +366,10 @@ class Planner:
             the module (:func:`_loss_room`), until :meth:`check_step` measures what is held.
         given_back: step signatures planned again with less room than guessed, as measured:
             measured over the budget after, they are planned again once more.
+        retained: step signature -> how many backwards ran through the graph of one forward
+            (``retain_graph=True`` on all but the last) in a step of it measured over the
+            budget: planned with what the forward saves held through them
+            (:meth:`_solve_retained`).
         input_shapes: the shapes of the floating-point tensors the call being compiled was
             given: an output of one of them is a block's (the next block reads it), no room is
             guessed for a loss on it.
@@ -444,6 +467,7 @@ class Planner:
     breaks: dict[object, tuple[str, ...]] = field(default_factory=dict, repr=False)
     runs_unfit: set[object] = field(default_factory=set, repr=False)
     given_back: set[object] = field(default_factory=set, repr=False)
+    retained: dict[object, int] = field(default_factory=dict, repr=False)
     input_shapes: frozenset[tuple[int, ...]] = field(default=frozenset(), repr=False)
     more_follows: bool = field(default=False, repr=False)
     unsettled: dict[object, list[_Unsettled]] = field(default_factory=dict, repr=False)
@@ -1344,6 +1368,9 @@ class Planner:
         runs = self._runs_of(jg.graph)
         if self.calls > 1 and self.budget.nbytes is not None:  # the module's other calls beside it
             return self._solve_beside_calls(jg, profile_id, base + beside, runs)
+        if self.step in self.retained and runs == 1 and self.budget.nbytes is not None:
+            with contextlib.suppress(InfeasibleBudgetError):  # else as before: check_step says it
+                return self._solve_retained(jg, profile_id, base + beside, self.retained[self.step])
         if runs > 1 and self.budget.nbytes is not None:  # the graph's other runs in the step
             try:
                 return self._solve_beside_calls(jg, profile_id, base + beside, runs)
@@ -1442,6 +1469,51 @@ class Planner:
             f"it left ({format_bytes(grads)}). Raise the budget, or run each call's backward before the next call"
         )
         raise error
+
+    def _solve_retained(
+        self, jg: JointGraph, profile_id: str, base: int, backwards: int
+    ) -> tuple[SolveResult, int | None, int | None]:
+        """:meth:`_solve` for a step of ``backwards`` backwards through the graph of one
+        forward (``retain_graph=True`` on each but the last), beside ``base`` bytes: autograd
+        holds every value the forward saved through each backward but the last, and each
+        backward after the first runs beside the gradients the ones before it left (``G``,
+        accumulated into one copy). Planned beside ``G`` first, the plan is simulated as that
+        step runs it (:func:`solvers.boundary.retained_peaks`), and planned again, where its
+        last backward exceeded, beside as much more, and where the others did, holding as
+        much less at its forward/backward boundary, until it fits (:data:`RETAINED_TRIES`
+        plans at most).
+
+        Raises:
+            InfeasibleBudgetError: no plan found fits so.
+        """
+        asked = self.budget.nbytes or 0
+        net = max(asked - self._beside() - base, 0)
+        grads = _gradient_bytes(jg.graph)
+        reserve, room = grads, None
+        for _ in range(RETAINED_TRIES):
+            got = self._solve(jg, profile_id, base + reserve, room)
+            schedule = got[0].schedule
+            if schedule is None:  # _solve returns plans only
+                break
+            held, last = retained_peaks(jg.graph, schedule, grads, backwards)
+            log.info(
+                "planned beside %s, the plan peaks at %s with what its forward saves held through the backwards, "
+                "and %s in the last, of %s",
+                format_bytes(reserve),
+                format_bytes(held),
+                format_bytes(last),
+                format_bytes(net),
+            )
+            if max(held, last) <= net:
+                return got
+            if last > net:  # the last backward beside the gradients: a lower peak
+                reserve += last - net
+            if held > net:  # the others beside what the forward saved: less saved
+                saved = boundary_hold(jg.graph, schedule) - (held - net)
+                room = max(net - reserve - saved, 0)
+        raise InfeasibleBudgetError(
+            net, detail="no plan found holds what the forward saves through every backward"
+        )
 
     def _warn_runs(self, runs: int, exc: InfeasibleBudgetError) -> None:
         """Once, the :class:`BudgetWarning` (``runs_warning``, for the caller to issue unless
@@ -1604,6 +1676,7 @@ class Planner:
         apart: int | None = None,
         ran: Mapping[int, int] | None = None,
         grads_held: int = 0,
+        retained: int = 1,
     ) -> str | None:
         """The verdict on a training step measured whole (:mod:`checkmate.stepcheck`) at
         ``peak`` bytes beyond what was live at its start (``boundary``: its peak from the
@@ -1622,7 +1695,11 @@ class Planner:
         room; else the warning to give. A step planned with a guessed room for a loss that
         measured well within the budget is compiled again with the room measured: beside
         the whole step, what was held beside its plans' peak while the module ran
-        (``apart``); at its boundary, what was held there (``outside_boundary``)."""
+        (``apart``); at its boundary, what was held there (``outside_boundary``). A step whose
+        backward ran again through the same forward's graph (``retained``: ``retain_graph=True``)
+        ``retained`` times, measured over the budget, is compiled again with what its forward
+        saves held through them, then warned of: autograd held what the forward saved through
+        every backward but the last, which is no memory outside the module."""
         budget = self.budget.nbytes
         # gradients accumulated before the step stay through it: the step has the rest (of
         # those its plans were made beside; the others were warned of)
@@ -1635,6 +1712,30 @@ class Planner:
             if grads_held
             else f"its budget of {format_bytes(asked or 0)}"
         )
+        if retained > 1 and asked is not None and peak > STEP_SLACK * asked:
+            # what the forward saved, held through every backward: no memory outside the module
+            log.info(
+                "the training step measured %s, over its budget of %s, with a backward run again through its "
+                "forward's graph (retain_graph=True)%s",
+                format_bytes(peak),
+                format_bytes(asked),
+                ""
+                if step in self.retained
+                else ": compiling it again, what its forward saves held through them",
+            )
+            if self.retained.get(step, 0) >= retained:
+                return RETAINED.format(peak=format_bytes(peak), ratio=peak / asked, of=of)
+            self.retained[step] = retained
+            self._forget_plans(step)
+            self._overran(
+                peak,
+                asked,
+                of,
+                RETAINED_WHY,
+                "with what its forward saves held through every backward",
+                RETAINED_ADVICE,
+            )
+            return "replan"
         if asked is not None and peak <= STEP_SLACK * asked and step in self.loss_guess:
             # planned with a guessed room for a loss outside: what is held there now, measured
             # at the least, what the step measured beyond its plans' simulated peak (the loss

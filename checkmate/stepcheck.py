@@ -43,6 +43,8 @@ STEP_SLACK = 1.02
 
 #: the name of the profiler mark at the end of the measured backward
 _END = "checkmate::step_end"
+#: the end of a backward run again through the same forward's graph (``retain_graph=True``)
+_END_AGAIN = "checkmate::step_end_again"
 #: the names of the marks around the step's forward/backward boundary: where the module's
 #: forward returned (its last call's) and where the backward reached its outputs
 _FORWARD_END = "checkmate::forward_end"
@@ -81,6 +83,10 @@ class StepWindow:
     #: runs (None on CUDA, or where the marks are missing); set by :meth:`close`
     apart: int | None = None
     started_backward: bool = False
+    #: how many backwards reached the module's outputs through the graph of the same forward
+    #: (``retain_graph=True`` on all but the last): autograd held every value the forward
+    #: saved through all but the last, where the plans free each at its last read
+    backwards: int = 0
     ended: bool = False
     queued: bool = False
     aborted: bool = False
@@ -114,8 +120,20 @@ class StepWindow:
             torch.cuda.synchronize()
             self.cuda_peak = int(torch.cuda.max_memory_allocated()) - self.cuda_before
         else:
-            with torch.profiler.record_function(_END):
+            with torch.profiler.record_function(_END_AGAIN if self.retained else _END):
                 pass
+
+    @property
+    def retained(self) -> bool:
+        """Whether a backward ran again through the same forward's graph."""
+        return self.backwards > 1
+
+    def run_again(self, backwards: int) -> None:
+        """The ``backwards``-th backward reached the module's outputs through the same
+        forward's graph (``retain_graph=True`` on the ones before): the step is measured to
+        its end too."""
+        self.backwards = max(self.backwards, backwards)
+        self.ended = self.queued = False
 
     def closable(self) -> bool:
         """False on a thread other than the one that started its profiler, which only that
@@ -147,7 +165,10 @@ class StepWindow:
             return None
         between = (_FORWARD_END, _BACKWARD_START)
         peak, _, self.boundary, self.apart = _allocator_peaks(
-            prof, until=_END, between=between, released=(self.released, _ZERO_GRAD, _BACKWARD_START)
+            prof,
+            until=_END_AGAIN if self.retained else _END,
+            between=between,
+            released=(self.released, _ZERO_GRAD, _BACKWARD_START),
         )
         return peak
 

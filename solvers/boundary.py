@@ -15,6 +15,11 @@ holds at most ``boundary`` bytes when the backward starts, and is a schedule of 
 original graph once the ballast's steps are dropped (:func:`without_ballast`); the one
 simulator then checks it on the original graph (:func:`solvers.api.solve`).
 
+A backward run again through the graph of one forward (``retain_graph=True`` on the
+backwards before the last) holds every value the forward handed to the backward until the
+last one, where a plan frees each at its last read, and runs beside the gradients the
+backwards before it left: :func:`retained_peaks` simulates that step.
+
 Memory held beside the forward only, and freed as the backward starts (the last step's
 gradients, where a training loop calls ``zero_grad`` between the forward and the backward),
 is planned the same way: a node of those bytes made first, not recomputable, and read by
@@ -27,13 +32,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from solvers.graph import Graph, Node
-from solvers.schedule import COMPUTE, Schedule, simulate
+from solvers.schedule import COMPUTE, FREE, Schedule, simulate
 
 __all__ = [
     "BALLAST",
     "HOLD",
     "boundary_hold",
     "forward_peak",
+    "retained_peaks",
     "with_ballast",
     "with_forward_hold",
     "without_ballast",
@@ -64,6 +70,51 @@ def forward_peak(graph: Graph, schedule: Schedule) -> int:
     steps = schedule.steps
     start = next((s for s, (op, i) in enumerate(steps) if op == COMPUTE and bwd[i]), len(steps))
     return int(timeline[:start].max()) if start else 0
+
+
+def retained_peaks(graph: Graph, schedule: Schedule, grads: int, backwards: int = 2) -> tuple[int, int]:
+    """The peaks of ``schedule`` run as a step of ``backwards`` backwards through the graph of
+    one forward: ``(held, last)``, that of its forward and of the backwards holding what the
+    forward saved, and that of its last backward (``retain_graph=True`` on each but the last). Autograd holds what the forward
+    saved through each backward but the last (the simulator frees each saved value at its
+    last read; a value the backward frees unread, to recompute it, is not saved); the last
+    frees them as the plan does. Each backward after the first runs beside ``grads`` bytes:
+    the gradients the ones before it left, accumulated into one copy. A copy recomputed in
+    the backward counts beside the held one, as it runs. Schedules with steps other than
+    computes and frees (paging) are bounded by their peak, their boundary and ``grads``
+    together."""
+    sim = simulate(graph, schedule)
+    steps = schedule.steps
+    bwd = graph.backward_mask
+    start = next((s for s, (op, i) in enumerate(steps) if op == COMPUTE and bwd[i]), len(steps))
+    if start == len(steps) or backwards < 2:
+        return sim.peak, sim.peak
+    if any(op not in (COMPUTE, FREE) for op, _ in steps):
+        return sim.peak + sim.boundary + grads, sim.peak + grads
+    resident: set[int] = set()
+    for op, i in steps[:start]:
+        if op == COMPUTE:
+            resident.add(i)
+        else:
+            resident.discard(i)
+    forward = {i for i in resident if not bwd[i]}
+    preds = graph.preds
+    saved: set[int] = set()
+    mem = graph.mem
+    held = 0  # bytes of saved values the simulator freed by now
+    before = int(sim.timeline[:start].max()) if start else 0
+    kept = 0  # the peak of a backward holding what the forward saved
+    for s in range(start, len(steps)):
+        op, i = steps[s]
+        if op == COMPUTE:
+            saved.update(j for j in preds[i] if j in forward)
+        elif i in forward:
+            forward.discard(i)
+            if i in saved:
+                held += int(mem[i])
+        kept = max(kept, int(sim.timeline[s]) + held)
+    last = int(sim.timeline[start:].max()) + grads
+    return max(before, kept + (grads if backwards > 2 else 0)), last
 
 
 def with_forward_hold(graph: Graph, nbytes: int) -> Graph:

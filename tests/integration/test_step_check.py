@@ -776,3 +776,69 @@ def test_a_loss_outside_beside_accumulated_gradients_is_measured_against_the_res
         # then that no plan fits beside the loss and the gradients
         assert len(said) == 2 and "The module is compiled again at its next call" in said[0], said
         assert "beside 12.04 MiB of gradients held from earlier micro-batches" in said[1], said
+
+
+class _TwoHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(
+            nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256), nn.GELU(),
+            nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256),
+        )  # fmt: skip
+        self.cls, self.reg = nn.Linear(256, 10), nn.Linear(256, 1)
+
+    def forward(self, x: Any) -> tuple[Any, Any]:
+        h = self.body(x)
+        return self.cls(h), self.reg(h)
+
+
+def _two_backwards(model: Any, x: Any, y: Any, t: Any) -> None:
+    # a loss per head, each with its own backward through the one forward's graph
+    a, b = model(x)
+    nn.functional.cross_entropy(a, y).backward(retain_graph=True)
+    nn.functional.mse_loss(b, t).backward()
+
+
+@pytest.mark.parametrize("fraction", [0.85, 0.6])
+def test_a_backward_run_again_through_one_forward_is_planned_with_what_it_saved_held(fraction: float) -> None:
+    """``backward(retain_graph=True)`` then a second backward: autograd holds what the forward
+    saved until the last backward, beside the first backward's gradients. Measured over the
+    budget, the step is said to be that (not memory held outside the module) and planned
+    again holding it, within the budget where a plan fits; where none does, warned so."""
+    g = torch.Generator().manual_seed(0)
+    x, y, t = (
+        torch.randn(512, 256, generator=g),
+        torch.randint(0, 10, (512,), generator=g),
+        torch.randn(512, 1, generator=g),
+    )
+    eager = _TwoHeads()
+    model = copy.deepcopy(eager)
+    _two_backwards(eager, x, y, t)
+    eager.zero_grad(set_to_none=True)
+    budget = int(fraction * measure_peak(lambda: _two_backwards(eager, x, y, t)))
+    eager.zero_grad(set_to_none=True)
+    opt = checkmate.optimize(model, budget, time_limit=4)
+    sgd = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            for m, o in zip((opt, eager), sgd):
+                _two_backwards(m, x, y, t)
+                o.step()
+                o.zero_grad(set_to_none=True)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), eager.parameters()))
+    said = [str(w.message) for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
+    assert said and all("retain_graph=True" in m and "held outside" not in m for m in said), said
+    assert "compiled again" in said[0], said
+    state = opt.__dict__["_checkmate_state"]
+    assert state.planner.retained
+    measured = measure_peak(lambda: _two_backwards(opt, x, y, t))
+    print(f"\nretain_graph at {fraction}: budget {budget:,} B, measured {measured:,} B, {said}")
+    if fraction == 0.85:  # a plan holding what the forward saved fits
+        assert len(said) == 1, said
+        assert plans_of(opt)[-1].recomputes > 0
+        assert measured <= budget
+    else:  # the first backward's gradients and the second's alone exceed it
+        assert len(said) == 2 and "no plan holding what the forward saves" in said[1], said
+        assert measured > budget

@@ -11,6 +11,7 @@ from solvers.boundary import (
     HOLD,
     boundary_hold,
     forward_peak,
+    retained_peaks,
     with_ballast,
     with_forward_hold,
     without_ballast,
@@ -18,7 +19,7 @@ from solvers.boundary import (
 from solvers.budget import Budget
 from solvers.errors import BudgetError, InfeasibleBudgetError
 from solvers.graph import Graph, Node
-from solvers.schedule import keep_all_peak, simulate, validate
+from solvers.schedule import Schedule, keep_all_peak, schedule_from_order, simulate, validate
 from tests.graphs import chain
 
 from ._bruteforce import optimal_cost, random_dag
@@ -161,3 +162,30 @@ def test_the_strategies_plan_a_forward_that_fits_beside_a_hold(strategy: str) ->
         assert simulate(g, back).cost == g.total_cost  # nothing recomputed
         with pytest.raises(InfeasibleBudgetError):
             solve(g, 8 - 3, "ilp", time_limit=30)
+
+
+def test_a_backward_run_again_holds_what_the_forward_saved_and_the_last_the_gradients() -> None:
+    # a 3-layer training chain of unit values kept whole peaks at 4 (f0-f2 and b2). Run as
+    # two backwards through one forward (retain_graph=True), the first holds f0-f2 to its
+    # end: 5 after b1; the last frees them as planned, beside the first's gradients (3)
+    g = chain(3, training=True)
+    keep = schedule_from_order(g, range(g.n))
+    assert simulate(g, keep).peak == 4
+    assert retained_peaks(g, keep, 3, backwards=1) == (4, 4)  # one backward: the plan's own
+    assert retained_peaks(g, keep, 0, backwards=2) == (5, 4)
+    assert retained_peaks(g, keep, 3, backwards=2) == (5, 7)
+    assert retained_peaks(g, keep, 3, backwards=3) == (8, 7)  # the middle one beside both
+    # f1 freed unread as the backward starts and recomputed for b1: the backward's own copy,
+    # not one the forward saved (held, it would count 6 as b1 runs)
+    steps = (("compute", 0), ("compute", 1), ("compute", 2), ("compute", 3), ("free", 2), ("free", 1))
+    steps += (
+        ("compute", 1),
+        ("compute", 4),
+        ("free", 1),
+        ("free", 3),
+        ("compute", 5),
+        ("free", 0),
+        ("free", 4),
+    )
+    validate(g, Schedule(steps))
+    assert retained_peaks(g, Schedule(steps), 0, backwards=2) == (5, 4)
