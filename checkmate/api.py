@@ -1113,10 +1113,14 @@ def _warn_if_recompiled(state: CheckmateState, seconds: float, *, again: bool) -
     is not counted: the step trains other parameters, and needs a plan of its own."""
     failures = _guard_failures()
     if again:
+        # the forward's code is shared by every instance of its class: guards of other
+        # modules' compiles (torch.compile'd, or optimized apart) fail at its calls too
+        ours = state.planner.compile_ids
         new = [
             _guard_reason(code, reason)
             for code, reasons in failures.items()
             for reason in reasons[state.guard_marks.get(code, 0) :]
+            if (of := _compile_of(reason)) is None or of in ours
         ]
         # a parameter frozen or unfrozen (gradual unfreezing, a layer per epoch) changes what
         # the step trains: a plan of its own each time, not a value to keep in a tensor
@@ -1153,6 +1157,13 @@ def _warn_if_recompiled(state: CheckmateState, seconds: float, *, again: bool) -
         OverheadWarning,
         stacklevel=_caller_level(),
     )
+
+
+def _compile_of(reason: str) -> str | None:
+    """The id of the compile (``"3/1"``) a guard-failure reason of Dynamo's names first; None
+    where it names none."""
+    match = re.match(r"\[?(!?[\d/]+)\]?:", reason)
+    return match[1] if match else None
 
 
 def _guard_reason(code: Any, reason: str) -> str:

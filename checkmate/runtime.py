@@ -366,6 +366,9 @@ class Planner:
             the module (:func:`_loss_room`), until :meth:`check_step` measures what is held.
         given_back: step signatures planned again with less room than guessed, as measured:
             measured over the budget after, they are planned again once more.
+        compile_ids: Dynamo's ids of the compiles that called this planner's backend
+            (``"3/1"``): its guard failures name the compile whose guards failed, and the
+            forward's code, shared by every instance of a module class, has others' too.
         retained: step signature -> how many backwards ran through the graph of one forward
             (``retain_graph=True`` on all but the last) in a step of it measured over the
             budget: planned with what the forward saves held through them
@@ -468,6 +471,7 @@ class Planner:
     runs_unfit: set[object] = field(default_factory=set, repr=False)
     given_back: set[object] = field(default_factory=set, repr=False)
     retained: dict[object, int] = field(default_factory=dict, repr=False)
+    compile_ids: set[str] = field(default_factory=set, repr=False)
     input_shapes: frozenset[tuple[int, ...]] = field(default=frozenset(), repr=False)
     more_follows: bool = field(default=False, repr=False)
     unsettled: dict[object, list[_Unsettled]] = field(default_factory=dict, repr=False)
@@ -634,6 +638,9 @@ class Planner:
             inner = _aot_backend(self)
 
         def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], **configs: Any) -> Any:
+            compile_id = torch._guards.CompileContext.current_compile_id()
+            if compile_id is not None:  # Dynamo's guard failures name the compiles they come from
+                self.compile_ids.add(str(compile_id))
             self.more_follows = ends_at_graph_break(gm) or called_from_model_code()
             before = len(self.records)
             step = inner(gm, example_inputs, **configs)
