@@ -130,6 +130,14 @@ LATE_ZERO_ADVICE = (
     "Lightning, override the LightningModule's optimizer_step to call "
     "optimizer.step(closure=optimizer_closure) and then optimizer.zero_grad())"
 )
+#: a step whose forward runs torch.utils.checkpoint regions, planned under a fraction
+CHECKPOINTED = (
+    "the step's forward runs torch.utils.checkpoint ({ops} ops in its regions): checkmate chooses what to "
+    "recompute itself and does not follow the regions, so the budget's fraction ({fraction:g}) is of the "
+    "step's peak keeping every value, the regions' included ({peak}), not of the checkpointed step's, and "
+    "can allow more memory than the checkpoint calls held. Pass the budget in bytes (the checkpointed "
+    "step's peak, measured with checkmate.memory.measure_peak, or less), or remove the checkpoint calls"
+)
 #: plans made at most for a step whose backward runs again through one forward's graph
 RETAINED_TRIES = 4
 #: a step whose backward ran again through the graph of one forward (retain_graph=True), in
@@ -427,6 +435,9 @@ class Planner:
             planned beside its forward only (:meth:`_solve`), and named so in the warnings.
         late_throughout: a plan was made beside those through the whole step (the loss is
             computed outside the module, or no plan found has a forward that fits beside them).
+        checkpoint_warning: a :class:`BudgetWarning` for the caller to issue, once: under a
+            fraction, the step runs ``torch.utils.checkpoint`` regions, which checkmate does not
+            follow (:data:`CHECKPOINTED`).
         grads_warning: a :class:`BudgetWarning` for the caller to issue, once: no plan fits
             beside the gradients held (:meth:`_without_held_grads`).
         pending_held: while the call that found more calls held at once compiles, what the
@@ -493,6 +504,8 @@ class Planner:
     grads_late: bool = field(default=False, repr=False)
     late_throughout: bool = field(default=False, repr=False)
     grads_warning: str | None = field(default=None, repr=False)
+    checkpoint_warning: str | None = field(default=None, repr=False)
+    warned_checkpoint: bool = field(default=False, repr=False)
     warned_grads: bool = field(default=False, repr=False)
     warned_calls: bool = field(default=False, repr=False)
     warned_runs: bool = field(default=False, repr=False)
@@ -707,6 +720,7 @@ class Planner:
             spent["trace"],
             self.budget,
         )
+        self._note_checkpointed(joint, jg, index)
         profile_id = self.profile_id = _profile_id(self.profile, device, compiler)
         # the first steps of a module run before any was measured whole: room for a loss on
         # the outputs of the graph that ends the forward (the step measured whole corrects it)
@@ -1561,6 +1575,26 @@ class Planner:
             "planned whole",
         )
 
+    def _note_checkpointed(self, joint: fx.GraphModule, jg: JointGraph, index: int) -> None:
+        """Ops of ``torch.utils.checkpoint`` regions in the joint graph (AOTAutograd tags them
+        ``meta["recompute"]``): planned as any other (checkmate chooses what to recompute), so
+        under a fraction, which is of the step's keep-all peak, the regions' memory saving
+        is not kept: said once (``checkpoint_warning``); logged under bytes."""
+        tagged = sum(1 for n in joint.graph.nodes if n.meta.get("recompute") is not None)
+        if not tagged:
+            return
+        log.info(
+            "graph %d: %d ops in torch.utils.checkpoint regions, planned as the others (the regions are not followed)",
+            index,
+            tagged,
+        )
+        if self.budget.fraction is None or self.warned_checkpoint:
+            return
+        self.warned_checkpoint = True
+        self.checkpoint_warning = CHECKPOINTED.format(
+            ops=tagged, peak=format_bytes(keep_all_peak(jg.graph)), fraction=self.budget.fraction
+        )
+
     def take_warnings(self) -> list[str]:
         """The :class:`BudgetWarning` messages for the caller to issue after a call (each once).
         That no plan of a graph fits beside its runs waits while the step is to be compiled
@@ -1568,10 +1602,10 @@ class Planner:
         before it leave it room (the layer-dropping blocks under DDP at 0.75 of eager DDP's
         peak: warned, then 0.68x the budget); said if the plans made then do not fit."""
         runs = None if self.replan_pending else self.runs_warning
-        said = [m for m in (self.calls_warning, runs, self.grads_warning) if m]
+        said = [m for m in (self.calls_warning, runs, self.grads_warning, self.checkpoint_warning) if m]
         if self.replan_pending and self.runs_warning:
             self.warned_runs = False  # judged again when planned with the needs in view
-        self.calls_warning = self.runs_warning = self.grads_warning = None
+        self.calls_warning = self.runs_warning = self.grads_warning = self.checkpoint_warning = None
         return said
 
     def _without_held_grads(self, exc: InfeasibleBudgetError | None = None) -> bool:

@@ -535,3 +535,64 @@ def test_gradual_unfreezing_compiles_again_unwarned(others: bool) -> None:
     ]
     assert len(checkmate.plans_of(opt)) == len(model)  # each planned
     assert all(p.grad is not None for p in model.parameters())
+
+
+class _Checkpointed(nn.Module):
+    """Blocks run under torch.utils.checkpoint, as timm's set_grad_checkpointing() runs them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(128), nn.Linear(128, 512), nn.GELU(), nn.Linear(512, 128))
+            for _ in range(4)
+        )
+        self.head = nn.Linear(128, 10)
+
+    def forward(self, x: Any) -> Any:
+        for block in self.blocks:
+            x = x + torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        return self.head(x.mean(1))
+
+
+def test_a_step_run_under_torch_utils_checkpoint_is_planned_whole_and_a_fraction_warned_of() -> None:
+    # Dynamo captures the checkpointed blocks in the step's graph (their ops tagged): checkmate
+    # plans what to recompute itself. A fraction is of the step keeping every value, which the
+    # checkpoint calls would have lowered: warned once. A byte budget at the checkpointed eager
+    # step's peak is met, with gradients equal to that step's
+    import copy
+    import warnings
+
+    from checkmate.memory import measure_peak
+
+    x, y = torch.randn(8, 256, 128), torch.randint(0, 10, (8,))
+    eager = _Checkpointed()
+
+    def step(m: Any) -> None:
+        nn.functional.cross_entropy(m(x), y).backward()
+
+    step(eager)
+    eager.zero_grad(set_to_none=True)
+    checkpointed = measure_peak(lambda: step(eager))
+    grads = [p.grad.clone() for p in eager.parameters()]
+    for budget in (0.6, checkpointed):
+        model = copy.deepcopy(eager)
+        model.zero_grad(set_to_none=True)
+        opt = checkmate.optimize(model, budget)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                model.zero_grad(set_to_none=True)
+                step(opt)
+        said = [str(w.message) for w in caught if "torch.utils.checkpoint" in str(w.message)]
+        assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+        if isinstance(budget, float):
+            assert len(said) == 1 and issubclass(caught[0].category, checkmate.BudgetWarning), said
+            assert "fraction (0.6)" in said[0] and "in bytes" in said[0]
+            assert checkmate.plans_of(opt)[0].result.peak > checkpointed  # more than the calls held
+        else:
+            assert not said
+            model.zero_grad(set_to_none=True)
+            measured = measure_peak(lambda: step(opt))
+            print(f"\ncheckpointed eager {checkpointed:,} B, planned {measured:,} B")
+            assert measured <= 1.02 * checkpointed
