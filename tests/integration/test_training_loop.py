@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -560,10 +561,7 @@ def test_a_step_run_under_torch_utils_checkpoint_is_planned_whole_and_a_fraction
     # plans what to recompute itself. A fraction is of the step keeping every value, which the
     # checkpoint calls would have lowered: warned once. A byte budget at the checkpointed eager
     # step's peak is met, with gradients equal to that step's
-    import copy
     import warnings
-
-    from checkmate.memory import measure_peak
 
     x, y = torch.randn(8, 256, 128), torch.randint(0, 10, (8,))
     eager = _Checkpointed()
