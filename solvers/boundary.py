@@ -74,11 +74,11 @@ def forward_peak(graph: Graph, schedule: Schedule) -> int:
 
 def retained_peaks(graph: Graph, schedule: Schedule, grads: int, backwards: int = 2) -> tuple[int, int]:
     """The peaks of ``schedule`` run as a step of ``backwards`` backwards through the graph of
-    one forward: ``(held, last)``, that of its forward and of the backwards holding what the
-    forward saved, and that of its last backward (``retain_graph=True`` on each but the last). Autograd holds what the forward
-    saved through each backward but the last (the simulator frees each saved value at its
-    last read; a value the backward frees unread, to recompute it, is not saved); the last
-    frees them as the plan does. Each backward after the first runs beside ``grads`` bytes:
+    one forward (``retain_graph=True`` on each but the last): ``(held, last)``, that of its
+    forward and of the backwards holding what the forward saved, and that of its last one.
+    Autograd holds what the forward saved through each backward but the last (the simulator
+    frees each saved value at its last read; a value the backward frees unread, to recompute
+    it, is not saved); the last frees them as the plan does. Each backward after the first runs beside ``grads`` bytes:
     the gradients the ones before it left, accumulated into one copy. A copy recomputed in
     the backward counts beside the held one, as it runs. Schedules with steps other than
     computes and frees (paging) are bounded by their peak, their boundary and ``grads``
