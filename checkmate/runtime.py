@@ -1736,11 +1736,12 @@ class Planner:
         room; else the warning to give. A step planned with a guessed room for a loss that
         measured well within the budget is compiled again with the room measured: beside
         the whole step, what was held beside its plans' peak while the module ran
-        (``apart``); at its boundary, what was held there (``outside_boundary``). A step whose
-        backward ran again through the same forward's graph (``retained``: ``retain_graph=True``)
-        ``retained`` times, measured over the budget, is compiled again with what its forward
-        saves held through them, then warned of: autograd held what the forward saved through
-        every backward but the last, which is no memory outside the module."""
+        (``apart``); at its boundary, what was held there (``outside_boundary``). A step of
+        ``retained`` backwards through one forward's graph (``retain_graph=True`` on all but
+        the last), measured over the budget, is compiled again with what its forward saves
+        held through them (``retained``), then, over it again, warned of: autograd held what
+        the forward saved through every backward but the last, which is no memory outside
+        the module."""
         budget = self.budget.nbytes
         # gradients accumulated before the step stay through it: the step has the rest (of
         # those its plans were made beside; the others were warned of)
