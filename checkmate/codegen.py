@@ -1,7 +1,8 @@
 """Schedule -> forward and backward fx GraphModules that execute it.
 
 The schedule's compute steps are split at its first backward compute. The forward module
-replays the steps before it (a recompute is a second copy of the node); it returns the
+replays the steps before it (a recompute is a second copy of the node, or for a dropout a
+replay of its draw: :mod:`checkmate.rng`); it returns the
 forward outputs and then every value the backward reads from it (the checkpoints the plan
 keeps across the boundary). The backward module takes those saved values and the tangents
 and replays the remaining steps in the plan's order, recomputes included.
@@ -29,6 +30,7 @@ import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
 from checkmate.ops import is_view_node, output_mask
+from checkmate.rng import replay_native_dropout
 from checkmate.trace import JointGraph
 from solvers.errors import PlanError, TraceError
 from solvers.schedule import COMPUTE, Schedule, simulate
@@ -72,7 +74,11 @@ def split_point(jg: JointGraph, schedule: Schedule) -> int:
             "outputs, random ops and mutations must run in the forward. Re-plan with another "
             "strategy or report this plan"
         )
-    rand = [i for i in head if not jg.graph.nodes[i].recomputable]
+    replayed = {
+        k for k, names in enumerate(jg.members) if names and jg.calls.get(names[0], ("",))[0] in jg.replayed
+    }
+    firsts = dict.fromkeys(i for i in head if not jg.graph.nodes[i].recomputable or i in replayed)
+    rand = list(firsts)  # a replayed dropout's first computation draws: it keeps its place too
     if rand != sorted(rand):
         raise PlanError(
             "the plan reorders ops that may not be recomputed (random ops draw in a different "
@@ -113,6 +119,7 @@ class _Emitter:
         for x in self.scoped:  # folded ops are recomputed inside each reader, never kept
             self.env.pop(x, None)
         self.scoped.clear()
+        again = i in self.computed or self.load is not None  # the backward only recomputes
         self.computed.add(i)
         if not self.jg.members[i]:  # scratch space or the sink: nothing to run
             return
@@ -141,7 +148,8 @@ class _Emitter:
         op = self.by_name[call[0]]
         if self.last is None or self.last[0] is not op or name in self.last[2]:
             # run the op; outputs computed right after this one reuse the same run
-            self.last = (op, self.graph.node_copy(op, self.get), set())
+            run = self._replay(op) if again and op.name in self.jg.replayed else None
+            self.last = (op, run or self.graph.node_copy(op, self.get), set())
             self.runs.append((self.last[1], self.last[2]))
         _, run, taken = self.last
         self._take(run, name, taken)
@@ -152,6 +160,15 @@ class _Emitter:
             for sib, (c, _) in self.jg.calls.items():
                 if c == call[0] and sib not in taken:
                     self._take(run, sib, taken)
+
+    def _replay(self, op: fx.Node) -> fx.Node:
+        """A recompute of dropout ``op``: the same draw, from the generator state taken
+        before it first ran (:func:`checkmate.rng.replay_native_dropout`)."""
+        x, p, train = op.args[:3]
+        state = self.get(self.by_name[self.jg.replayed[op.name]])
+        run = self.graph.call_function(replay_native_dropout, (self.get(x), p, train, state))  # type: ignore[arg-type]
+        run.meta = dict(op.meta)
+        return run
 
     def _take(self, run: fx.Node, name: str, taken: set[str]) -> None:
         """Make output ``name`` of the op run ``run`` the current copy of that joint node."""

@@ -57,6 +57,7 @@ from checkmate.compiled import Calibration, CompileHalf
 from checkmate.distributed import ddp_reserve, fsdp_reserve, plan_once
 from checkmate.families import family_target, larger_shape_budget, plan_ahead, reuse
 from checkmate.records import HELD_TO, KEEPS_ALL, PlanRecord, overhead
+from checkmate.rng import replay_dropout_draws
 from checkmate.scratch import flush_scratch, held_beyond, prefetch_scratch, scratch_bytes
 from checkmate.stepcheck import STEP_SLACK, abort_windows
 from checkmate.tangents import (
@@ -1277,7 +1278,9 @@ class Planner:
     ) -> JointGraph:
         """The graph model of ``joint``; op costs and scratch sizes are taken as it is
         built (the stages ``profile`` and ``scratch``, nested in ``trace``)."""
-        recompute_dropout_from_mask(joint)  # dropout replays its mask when recomputed
+        recompute_dropout_from_mask(joint)  # dropout's output is recomputed from its mask
+        if compiler != "inductor":  # and its mask from the generator state it drew from
+            replay_dropout_draws(joint)
         correct_traced_dtypes(joint)  # where a fake-tensor rule and its kernel disagree
 
         from checkmate import fusion

@@ -26,7 +26,9 @@ Modelling choices (the simulator's memory must match what the runtime allocates)
 - Primals (parameters, buffers, inputs) and constants (``get_attr`` nodes) are not nodes:
   always resident, outside the budget. Tangents are: autograd allocates them when the backward starts; each is a
   zero-cost, non-recomputable backward node listed before the backward ops.
-- Random ops and ops that mutate an input are not recomputable. Forward outputs are not
+- Random ops and ops that mutate an input are not recomputable, but dropout's mask, whose
+  draws are replayed from the generator state taken before it (:mod:`checkmate.rng`): its
+  first computation is still in the forward, in order. Forward outputs are not
   recomputable either: they are computed once in the forward and held by the caller.
 - An op that allocates scratch space while it runs (CPU convolutions need 1-3x their
   output) gets a zero-cost node of that size computed right before it and read by it.
@@ -79,6 +81,7 @@ from checkmate.ops import (
     writes_input,
 )
 from checkmate.placement import accumulates_into, backward_only, deferrable, lazy_order
+from checkmate.rng import RNG_STATE
 from solvers.errors import TraceError
 from solvers.graph import Graph
 
@@ -125,6 +128,10 @@ class JointGraph:
             as a loop holding its outputs through the backward holds them.
         dropped: the sizes and dtypes of those outputs that :func:`drop_outputs_beside_loss`
             dropped when the backward starts, as a loop that keeps only the loss does.
+        replayed: fx name of each dropout whose mask may be recomputed -> the name of the
+            ``checkmate::rng_state`` node it replays its draws from (:mod:`checkmate.rng`).
+            Its first computation, in the forward, draws as eager does; each recompute
+            replays the draw (:func:`checkmate.rng.replay_native_dropout`).
     """
 
     graph: Graph
@@ -139,6 +146,7 @@ class JointGraph:
     unread: frozenset[str] = frozenset()
     beside_loss: dict[int, tuple[tuple[int, ...], torch.dtype]] = field(default_factory=dict)
     dropped: frozenset[tuple[tuple[int, ...], torch.dtype]] = frozenset()
+    replayed: dict[str, str] = field(default_factory=dict)
 
     @property
     def sink(self) -> int:
@@ -762,6 +770,16 @@ def build_graph(
             folded[o].update(_folded_into(args, inlined, base, multi))
 
     held_owners = {b for o in fwd_outputs if (b := base.get(o)) is not None}
+    # a dropout whose draws are replayed from the generator state taken before it
+    # (checkmate.rng): its mask reads that state, and may be recomputed
+    by_name = {n.name: n for n in nodes}
+    replayed = {
+        o: by_name[call_of[o].meta[RNG_STATE]]
+        for o in owners
+        if o in call_of and o not in backward and call_of[o].meta.get(RNG_STATE) in by_name
+    }
+    for o, state in replayed.items():
+        inputs[o].add(state)
     # an op reading an input the step mutates would read the new value if recomputed after
     # the mutation: it runs once, in the forward (BatchNorm in training mode is the exception:
     # its batch statistics and output do not depend on the running statistics it updates)
@@ -815,7 +833,7 @@ def build_graph(
         for o in ordered
         if o.op == "placeholder"
         or is_mutation((op := call_of.get(o, o)).target)
-        or is_random_node(op)
+        or (is_random_node(op) and o not in replayed)
         or gid[o] in held
         or o in reads_mutated
     }
@@ -923,4 +941,5 @@ def build_graph(
         ),
         unread=frozenset(t.name for t in tangents if t.name in unread),
         beside_loss={final[b.name]: key for b, key in by_loss.items()},
+        replayed={call_of[o].name: state.name for o, state in replayed.items()},
     )

@@ -234,6 +234,59 @@ def test_gpt2_with_dropout_matches_eager_within_budget() -> None:
     assert measured <= 1.05 * budget
 
 
+class _DropoutBlocks(torch.nn.Module):
+    """Six residual blocks 64-256-64 with dropout 0.5 on the wide activation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(
+                torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Dropout(0.5), torch.nn.Linear(256, 64)
+            )
+            for _ in range(6)
+        )
+
+    def forward(self, x: Any) -> Any:
+        for b in self.blocks:
+            x = x + b(x)
+        return x
+
+
+def test_a_dropout_mask_recomputed_draws_what_eager_drew() -> None:
+    """At 0.3 of eager's peak the plan recomputes dropout masks from the generator state they
+    drew from (checkmate.rng), where it kept every mask before: gradients bitwise over two
+    steps, the generator left where eager leaves it, the measured peak within the budget."""
+    from checkmate.rng import replay_native_dropout
+
+    torch.manual_seed(0)
+    eager = _DropoutBlocks()
+    x = torch.randn(512, 64)
+
+    def step(m: Any, seed: int) -> Any:
+        torch.manual_seed(seed)
+        m(x).pow(2).mean().backward()
+        return torch.rand(4)  # what the caller draws next
+
+    step(eager, 0)
+    eager.zero_grad(set_to_none=True)
+    peak = measure_peak(lambda: step(eager, 0))
+    eager.zero_grad(set_to_none=True)
+    budget = int(0.3 * peak)
+    model = checkmate.optimize(copy.deepcopy(eager), budget, profile="cpu", time_limit=8)
+    for seed in (1, 2):
+        assert torch.equal(step(model, seed), step(eager, seed))
+        _assert_same(_grads(model, ()), _grads(eager, ()), "gradient")
+        model.zero_grad(set_to_none=True)
+        eager.zero_grad(set_to_none=True)
+    (record,) = plans_of(model)
+    modules = (record.modules.forward, record.modules.backward)
+    replays = sum(n.target is replay_native_dropout for g in modules for n in g.graph.nodes)
+    assert replays >= 1, "no mask was recomputed"
+    measured = measure_peak(lambda: step(model, 3))
+    print(f"\ndropout masks replayed at 0.3: {replays}; budget {budget:,} B, measured {measured:,} B")
+    assert measured <= 1.05 * budget
+
+
 def test_eval_and_no_grad_run_the_original_forward() -> None:
     torch.manual_seed(0)
     eager = M.SmallCNN(8, 1)

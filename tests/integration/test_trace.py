@@ -20,6 +20,7 @@ from torch._functorch.partitioners import default_partition  # noqa: E402
 from checkmate.codegen import generate  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
 from checkmate.ops import is_view_node  # noqa: E402
+from checkmate.rng import replay_dropout_draws, replay_native_dropout  # noqa: E402
 from checkmate.trace import SINK, WORKSPACE, JointGraph, build_graph, recompute_dropout_from_mask  # noqa: E402
 from solvers.errors import ScheduleError  # noqa: E402
 from solvers.schedule import keep_all_peak, schedule_from_order, simulate  # noqa: E402
@@ -167,6 +168,43 @@ def test_dropout_output_becomes_recomputable_from_its_mask() -> None:
     x = torch.randn(64, 33)
     out, mask = torch.ops.aten.native_dropout(x, 0.1, True)
     assert torch.equal(torch.ops.aten.native_dropout_backward(x, mask, 1 / 0.9), out)
+
+
+def test_a_replayed_dropout_mask_reads_the_generator_state_taken_before_it() -> None:
+    """With its draws replayable (checkmate.rng), a dropout's mask is a recomputable node of
+    the forward that reads a small, fixed state node; without, the mask is fixed."""
+    gm, _ = _joint(M.TinyTransformer(32, 32, 1, p=0.1), torch.randint(0, 32, (2, 8)))
+    recompute_dropout_from_mask(gm)
+    assert replay_dropout_draws(gm) == 3
+    assert replay_dropout_draws(gm) == 0  # done once
+    jg = build_graph(gm, _num_fwd(gm), lambda nodes: [1.0] * len(nodes))
+    drop = [n for n in jg.graph.nodes if n.op == "aten.native_dropout.default"]
+    states = [n for n in jg.graph.nodes if n.op == "checkmate.rng_state.default"]
+    assert len(drop) == len(states) == 3 and len(jg.replayed) == 3
+    assert all(n.recomputable and not n.backward for n in drop)
+    assert {n.id for n in drop} <= jg.forward_required  # first computed in the forward
+    state_bytes = torch.get_rng_state().numel()
+    assert all(not s.recomputable and s.mem == state_bytes for s in states)
+    ids = {n.name: n.id for n in jg.graph.nodes}
+    for mask in drop:
+        op = jg.calls[mask.name][0]
+        assert ids[jg.replayed[op]] in jg.graph.preds[mask.id]
+    # the state precedes its dropout, which precedes the next state: the draws keep their order
+    order = sorted([(s.id, "s") for s in states] + [(d.id, "d") for d in drop])
+    assert [k for _, k in order] == ["s", "d"] * 3
+
+
+def test_a_replayed_dropout_draws_what_it_drew_and_leaves_the_generator_alone() -> None:
+    x = torch.randn(64, 33)
+    torch.manual_seed(5)
+    state = torch.ops.checkmate.rng_state(x)
+    out, mask = torch.ops.aten.native_dropout(x, 0.3, True)
+    after = torch.get_rng_state()
+    torch.manual_seed(9)
+    now = torch.get_rng_state()
+    again_out, again_mask = replay_native_dropout(x, 0.3, True, state)
+    assert torch.equal(again_mask, mask) and torch.equal(again_out, out)
+    assert torch.equal(torch.get_rng_state(), now) and not torch.equal(now, after)
 
 
 class _TanhGelu(nn.Module):
