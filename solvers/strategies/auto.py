@@ -14,7 +14,10 @@
    incumbent; the LP rarely finishes at that size. Without an incumbent, LP rounding. On
    graphs the MILP takes, CP-SAT also gets the time the MILP's windows leave.
 4. Nothing fits: the least-peak search (:mod:`solvers.strategies.least_peak`), whose
-   schedule is the plan when it fits and otherwise names the budget that has one.
+   schedule is the plan when it fits and otherwise names the budget that has one. Its
+   heuristic phase runs before the LP and the MILP when the heuristics found nothing at the
+   budget: they are not monotone in it, and a schedule found at a lower budget fits this
+   one (the MILP then starts from it).
 
 More search stops paying at some point: the portfolio stops as soon as its best plan is
 within 1% of its lower bound, and the searches started from the incumbent (MILP, CP-SAT)
@@ -37,6 +40,7 @@ from solvers.errors import CheckmateError, SolverWarning, WorkerError
 from solvers.graph import Graph
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
 from solvers.schedule import Schedule, simulate, validate
+from solvers.strategies.least_peak import LeastPeak
 
 __all__ = ["auto"]
 
@@ -196,6 +200,15 @@ def auto(
         if done():
             break
     milp = graph.n <= milp_max_nodes
+    if best is None and left() > 0:
+        # nothing fits: the heuristics again at budgets below this one (the least-peak
+        # search's heuristic phase), whose schedule fits any budget above its peak. They are
+        # not monotone: DTR fitted a traced transformer at 0.87 of a budget and nothing did
+        # at 0.9, where the MILP found no schedule in its 20 s either
+        low = _least_peak(graph, min(left(), HEURISTIC_SHARE * limit), exact=False, closest=closest)
+        if low.peak <= budget:
+            consider("least-peak", SolveResult("least-peak", Status.FEASIBLE, budget, schedule=low.schedule))
+            report(f"least-peak: {candidates['least-peak']}")
 
     def improving(name: str, **opts: Any) -> None:
         # a search started from the incumbent, in windows: another window only while the
@@ -241,11 +254,9 @@ def auto(
     if best is None:
         # last resort: the least peak any schedule reaches (memoized per graph, so that a
         # retry at the minimum an InfeasibleBudgetError stated finds this same schedule)
-        from solvers.strategies.least_peak import least_peak
-
         # at least a second: the heuristic bisection takes milliseconds on hundreds of ops, and
         # the minimum it finds is what the error tells the user to ask for
-        low = least_peak(graph, time_limit=max(left(), 1.0), seeds=[] if closest is None else [closest[2]])
+        low = _least_peak(graph, max(left(), 1.0), exact=True, closest=closest)
         if low.peak <= budget:
             consider("least-peak", SolveResult("least-peak", Status.FEASIBLE, budget, schedule=low.schedule))
         else:
@@ -263,6 +274,17 @@ def auto(
             | ({} if closest is None else {"closest_peak": closest[0], "closest_strategy": closest[1]}),
         )
     return _finish(best, candidates, lower, start, chosen=best.strategy)
+
+
+def _least_peak(
+    graph: Graph, time_limit: float, *, exact: bool, closest: tuple[int, str, Schedule] | None
+) -> LeastPeak:
+    """The least-peak search (memoized per graph), seeded with the lowest attempt over the budget."""
+    from solvers.strategies.least_peak import least_peak
+
+    return least_peak(
+        graph, time_limit=time_limit, exact=exact, seeds=[] if closest is None else [closest[2]]
+    )
 
 
 def _available(name: str) -> bool:
