@@ -40,7 +40,7 @@ from solvers.errors import CheckmateError, SolverWarning, WorkerError
 from solvers.graph import Graph
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
 from solvers.schedule import Schedule, simulate, validate
-from solvers.strategies.least_peak import LeastPeak
+from solvers.strategies.least_peak import LeastPeak, least_peak
 
 __all__ = ["auto"]
 
@@ -280,8 +280,6 @@ def _least_peak(
     graph: Graph, time_limit: float, *, exact: bool, closest: tuple[int, str, Schedule] | None
 ) -> LeastPeak:
     """The least-peak search (memoized per graph), seeded with the lowest attempt over the budget."""
-    from solvers.strategies.least_peak import least_peak
-
     return least_peak(
         graph, time_limit=time_limit, exact=exact, seeds=[] if closest is None else [closest[2]]
     )

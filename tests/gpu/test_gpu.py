@@ -276,3 +276,47 @@ def test_a_loss_outside_the_module_is_planned_around_on_cuda() -> None:
         f"\nGPU loss outside: measured {peak / budget:.3f}x the budget, {len(checkmate.plans_of(opt))} plans"
     )
     assert peak <= STEP_SLACK * budget
+
+
+def test_a_dropout_mask_recomputed_on_cuda_draws_what_eager_drew() -> None:
+    """The CUDA generator's seed and offset, taken before each dropout, replay its mask
+    (checkmate.rng): six dropout blocks at 0.3 of eager's peak recompute masks, the caller's
+    next draws equal eager's, gradients within 1e-5 (the kernels may pick other algorithms),
+    the peak within the budget."""
+    from checkmate.api import plans_of
+    from checkmate.rng import replay_native_dropout
+
+    torch.manual_seed(0)
+    blocks = [
+        torch.nn.Sequential(
+            torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Dropout(0.5), torch.nn.Linear(1024, 256)
+        )
+        for _ in range(6)
+    ]
+    eager = torch.nn.Sequential(*blocks).cuda()
+    x = torch.randn(2048, 256, device="cuda")
+
+    def step(m: Any, seed: int) -> Any:
+        torch.manual_seed(seed)
+        m(x).pow(2).mean().backward()
+        return torch.rand(4, device="cuda")
+
+    step(eager, 0)
+    eager.zero_grad(set_to_none=True)
+    peak = _peak(lambda: step(eager, 0))
+    eager.zero_grad(set_to_none=True)
+    budget = int(0.3 * peak)
+    import checkmate
+
+    model = checkmate.optimize(copy.deepcopy(eager), budget, time_limit=20)
+    for seed in (1, 2):
+        assert torch.equal(step(model, seed), step(eager, seed))
+        for p, q in zip(model.parameters(), eager.parameters()):  # a mask drawn anew: far apart
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)
+        model.zero_grad(set_to_none=True)
+        eager.zero_grad(set_to_none=True)
+    (record,) = plans_of(model)
+    modules = (record.modules.forward, record.modules.backward)
+    assert sum(n.target is replay_native_dropout for g in modules for n in g.graph.nodes) >= 1
+    measured = _peak(lambda: step(model, 3))
+    assert measured <= AOT_SLACK * budget, (measured, budget)
