@@ -16,8 +16,8 @@
 4. Nothing fits: the least-peak search (:mod:`solvers.strategies.least_peak`), whose
    schedule is the plan when it fits and otherwise names the budget that has one. Its
    heuristic phase runs before the LP and the MILP when the heuristics found nothing at the
-   budget: they are not monotone in it, and a schedule found at a lower budget fits this
-   one (the MILP then starts from it).
+   budget, nor at a ladder of budgets below it: they are not monotone in it, and a schedule
+   found at a lower budget fits this one (the MILP then starts from it).
 
 More search stops paying at some point: the portfolio stops as soon as its best plan is
 within 1% of its lower bound, and the searches started from the incumbent (MILP, CP-SAT)
@@ -75,6 +75,10 @@ GAP_TOLERANCE = 1e-4
 WINDOW = 0.15
 MIN_WINDOW = 3.0
 IMPROVEMENT = 1e-3
+#: where no heuristic fits the budget, they run again at budgets each this share of the one
+#: before, at most this many, until one fits
+LADDER_RATIO = 0.97
+LADDER_STEPS = 6
 #: the option through which each windowed search takes the incumbent
 _START = {"ilp": "warm_start", "cpsat": "hint"}
 #: relative gap to the lower bound under which more search cannot pay: the portfolio stops
@@ -162,7 +166,8 @@ def auto(
         if sim.cost < best_cost - 1e-12:
             best, best_cost = dataclasses.replace(res, strategy=name, cost=sim.cost, peak=sim.peak), sim.cost
 
-    def run(name: str, label: str | None = None, **opts: Any) -> None:
+    def run(name: str, label: str | None = None, at: int | None = None, **opts: Any) -> None:
+        # ``at``: plan for fewer bytes than the budget (a schedule within them fits it)
         label = label or name
         try:
             fn = get_strategy(name)
@@ -170,7 +175,7 @@ def auto(
             candidates[label] = f"unavailable: {exc}"
             return
         try:
-            res = fn(graph, budget, **opts)
+            res = fn(graph, budget if at is None else at, **opts)
         except WorkerError as exc:  # the environment, not the graph: say so
             candidates[label] = f"error: {exc}"
             warnings.warn(
@@ -200,11 +205,25 @@ def auto(
         if done():
             break
     milp = graph.n <= milp_max_nodes
+    # nothing fits: the heuristics again at budgets below this one, whose schedules fit it.
+    # They are not monotone in the budget: DTR fitted a traced transformer at 0.84 and 0.86
+    # of a budget and nothing did at 0.88-0.94, where the MILP found no schedule in 20 s
+    # either. Down a ladder to the first rung where one fits (the cheapest plans are near the
+    # budget), then the least-peak search's heuristic phase
+    at = budget
+    for rung in range(1, LADDER_STEPS + 1):
+        if best is not None or left() <= 0:
+            break
+        at = int(at * LADDER_RATIO)
+        for label, name, opts in HEURISTICS[1:]:  # keep-all fits no lower budget
+            run(
+                name,
+                label=f"{label} at {LADDER_RATIO}^{rung}",
+                at=at,
+                time_limit=min(left(), HEURISTIC_SHARE * limit),
+                **opts,
+            )
     if best is None and left() > 0:
-        # nothing fits: the heuristics again at budgets below this one (the least-peak
-        # search's heuristic phase), whose schedule fits any budget above its peak. They are
-        # not monotone: DTR fitted a traced transformer at 0.87 of a budget and nothing did
-        # at 0.9, where the MILP found no schedule in its 20 s either
         low = _least_peak(graph, min(left(), HEURISTIC_SHARE * limit), exact=False, closest=closest)
         if low.peak <= budget:
             consider("least-peak", SolveResult("least-peak", Status.FEASIBLE, budget, schedule=low.schedule))
