@@ -36,6 +36,7 @@ import time
 import warnings
 from typing import Any
 
+from solvers.bounds import memory_lower_bound
 from solvers.errors import CheckmateError, SolverWarning, WorkerError
 from solvers.graph import Graph
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
@@ -76,7 +77,8 @@ WINDOW = 0.15
 MIN_WINDOW = 3.0
 IMPROVEMENT = 1e-3
 #: where no heuristic fits the budget, they run again at budgets each this share of the one
-#: before, at most this many, until one fits
+#: before, at most this many, until one fits (in HEURISTIC_SHARE of the time limit, all rungs,
+#: and not below the cheap bound every schedule needs)
 LADDER_RATIO = 0.97
 LADDER_STEPS = 6
 #: the option through which each windowed search takes the incumbent
@@ -210,19 +212,17 @@ def auto(
     # of a budget and nothing did at 0.88-0.94, where the MILP found no schedule in 20 s
     # either. Down a ladder to the first rung where one fits (the cheapest plans are near the
     # budget), then the least-peak search's heuristic phase
-    at = budget
+    at, floor = budget, memory_lower_bound(graph)
+    ladder_end = time.perf_counter() + HEURISTIC_SHARE * limit  # the ladder's time, all rungs
     for rung in range(1, LADDER_STEPS + 1):
-        if best is not None or left() <= 0:
-            break
         at = int(at * LADDER_RATIO)
+        if best is not None or at < floor:
+            break
         for label, name, opts in HEURISTICS[1:]:  # keep-all fits no lower budget
-            run(
-                name,
-                label=f"{label} at {LADDER_RATIO}^{rung}",
-                at=at,
-                time_limit=min(left(), HEURISTIC_SHARE * limit),
-                **opts,
-            )
+            rest = min(left(), ladder_end - time.perf_counter())
+            if rest <= 0:
+                break
+            run(name, label=f"{label} at {LADDER_RATIO}^{rung}", at=at, time_limit=rest, **opts)
     if best is None and left() > 0:
         low = _least_peak(graph, min(left(), HEURISTIC_SHARE * limit), exact=False, closest=closest)
         if low.peak <= budget:
