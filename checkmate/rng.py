@@ -40,12 +40,23 @@ RNG_STATE = "checkmate_rng_state"
 _DEVICES = frozenset({"cpu", "cuda"})
 
 
+def _get_state(device: torch.device) -> torch.Tensor:
+    """A copy of the state of ``device``'s default generator (a CPU byte tensor)."""
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def _set_state(device: torch.device, state: torch.Tensor) -> None:
+    """Set ``device``'s default generator to ``state`` (from :func:`_get_state`)."""
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
 @torch.library.custom_op("checkmate::rng_state", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def rng_state(x: torch.Tensor) -> torch.Tensor:
     """A copy of the state of the default generator of ``x``'s device (a CPU byte tensor)."""
-    if x.device.type == "cuda":
-        return torch.cuda.get_rng_state(x.device)
-    return torch.get_rng_state()
+    return _get_state(x.device)
 
 
 @rng_state.register_fake
@@ -69,19 +80,12 @@ def replay_native_dropout(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``native_dropout(x, p, train)`` drawn from the generator ``state`` (what the dropout
     drew from when it first ran); the generator is left where it was."""
-    if x.device.type == "cuda":
-        now = torch.cuda.get_rng_state(x.device)
-        torch.cuda.set_rng_state(state, x.device)
-        try:
-            return torch.ops.aten.native_dropout.default(x, p, train)
-        finally:
-            torch.cuda.set_rng_state(now, x.device)
-    now = torch.get_rng_state()
-    torch.set_rng_state(state)
+    now = _get_state(x.device)
+    _set_state(x.device, state)
     try:
         return torch.ops.aten.native_dropout.default(x, p, train)
     finally:
-        torch.set_rng_state(now)
+        _set_state(x.device, now)
 
 
 def replay_dropout_draws(gm: fx.GraphModule) -> int:
@@ -108,7 +112,7 @@ def replay_dropout_draws(gm: fx.GraphModule) -> int:
             state = gm.graph.call_function(torch.ops.checkmate.rng_state.default, (x,))
         mode = getattr(val, "fake_mode", None)
         with mode if mode is not None else contextlib.nullcontext():
-            state.meta["val"] = torch.empty(_state_bytes(val.device), dtype=torch.uint8)
+            state.meta["val"] = _rng_state_fake(val)
         node.meta[RNG_STATE] = state.name
         done += 1
     if done:
