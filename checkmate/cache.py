@@ -4,7 +4,8 @@ A plan is stored as ``<key>.json`` (the versioned JSON of :mod:`solvers.plan`, n
 pickle) where ``key`` is the sha256 of everything a plan's validity or optimality depends
 on: the graph (ids, edges, sizes, flags, node names and ops), its costs, the device
 profile id, the budget in bytes, the strategy and its options, the plan-format version
-and the library version (a newer planner plans again). Location:
+and the planner's revision (the library version and a digest of the planner's source: a
+newer planner plans again, released or not). Location:
 ``$CHECKMATE_CACHE_DIR``, else ``$XDG_CACHE_HOME/checkmate``, else ``~/.cache/checkmate``;
 ``CHECKMATE_CACHE=0`` turns the cache off.
 
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from checkmate.timers import stage
-from solvers import Graph, SolveResult, __version__, solve
+from solvers import Graph, SolveResult, solve
 from solvers.api import resolve_budget
 from solvers.budget import Budget, BudgetSpec, format_bytes, parse_budget
 from solvers.errors import CheckmateError, PlanError
@@ -55,6 +56,7 @@ from solvers.plan import (
     plan_from_dict,
     plan_set_document,
     plan_to_dict,
+    planner_revision,
     read_plan,
     read_plan_entries,
     write_plan,
@@ -108,8 +110,8 @@ def key_parts(
         # default=repr: an option that is not JSON still enters the key (conservatively).
         "options": json.dumps(dict(options or {}), sort_keys=True, default=repr),
         "version": PLAN_VERSION,
-        # a new release may plan better: its plans are not shadowed by an older one's
-        "planner": __version__,
+        # a newer planner may plan better: its plans are not shadowed by an older one's
+        "planner": planner_revision(),
     }
 
 

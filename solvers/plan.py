@@ -36,6 +36,7 @@ or the entry for ``graph``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -55,6 +56,8 @@ from solvers.result import SolveResult
 from solvers.schedule import COMPUTE, FREE, PAGEIN, Schedule, Step
 
 __all__ = [
+    "planner_revision",
+    "source_digest",
     "PLAN_FORMAT",
     "PLAN_VERSION",
     "PLAN_SET_FORMAT",
@@ -113,6 +116,31 @@ def cost_fingerprint(graph: Graph) -> str:
     if graph.save_cost.any():
         data += graph.save_cost.tobytes()
     return hashlib.sha256(data).hexdigest()
+
+
+@functools.cache
+def planner_revision() -> str:
+    """The library version and a digest of the planner's source (this package's modules).
+
+    The plan cache keys plans by it (:mod:`checkmate.cache`), so that a plan made by an
+    older planner is planned again by a newer one, released or not: the version alone did
+    not change when a strategy did, and a cached plan shadowed the better one for good.
+    """
+    from solvers import __version__
+
+    try:
+        digest = source_digest(Path(__file__).resolve().parent)
+    except OSError:  # installed without readable sources: the version alone
+        return __version__
+    return f"{__version__}+{digest[:16]}"
+
+
+def source_digest(root: Path) -> str:
+    """sha256 of the ``*.py`` files under ``root``: their paths and contents, in path order."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def plan_to_dict(graph: Graph, result: SolveResult, **extra: Any) -> dict[str, Any]:

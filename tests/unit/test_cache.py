@@ -378,3 +378,32 @@ def test_concurrent_writers_never_tear_a_file(tmp_path: Path) -> None:
     leftovers = [p for p in [*tmp_path.iterdir(), *cache_dir().iterdir()] if p.suffix == ".tmp"]
     assert leftovers == [], "temporary files left behind"
     assert os.environ.get("CHECKMATE_CACHE") is None
+
+
+def test_a_plan_cached_by_another_planner_is_planned_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key holds the planner's revision (its version and source digest): a planner that
+    changed plans again instead of reusing what an older one cached."""
+    import checkmate.cache
+
+    g = _graph()
+    assert cached_solve(g, 1.0, NAME).info["cache"] == "miss"
+    assert cached_solve(g, 1.0, NAME).info["cache"] == "hit"
+    monkeypatch.setattr(checkmate.cache, "planner_revision", lambda: "0.0.0+another")
+    assert cached_solve(g, 1.0, NAME).info["cache"] == "miss"
+    assert len(CALLS) == 2 and len(_files()) == 2
+
+
+def test_the_planner_revision_follows_the_planners_source(tmp_path: Path) -> None:
+    import shutil
+
+    import solvers
+    from solvers.plan import planner_revision, source_digest
+
+    root = Path(solvers.__file__).resolve().parent
+    assert planner_revision() == f"{solvers.__version__}+{source_digest(root)[:16]}"
+    copy = tmp_path / "solvers"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert source_digest(copy) == source_digest(root)
+    with (copy / "strategies" / "auto.py").open("a") as f:
+        f.write("\n# a strategy changed\n")
+    assert source_digest(copy) != source_digest(root)
