@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 BENCH_ARGS ?=
 
-.PHONY: install demo test test-solvers test-gpu lint format bench bench-quick bench-peers bench-peers-full bench-peers-compile bench-second-run bench-overhead bench-budget bench-loop bench-scale bench-ddp bench-big bench-predict bench-zoo-inductor bench-host clean
+.PHONY: install demo test test-solvers test-gpu lint format bench bench-quick bench-peers bench-peers-full bench-peers-compile bench-second-run bench-overhead bench-budget bench-loop bench-scale bench-ddp bench-big bench-predict bench-zoo-inductor bench-host bench-polish clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -117,6 +117,11 @@ bench-zoo-inductor: install
 # On CPU: BENCH_ARGS="--device cpu --size tiny --pairs 10".
 bench-host: install
 	$(BIN)/python -m benchmarks.host_time --reuse $(BENCH_ARGS)
+
+# auto with and without polishing (solvers/polish.py) at the same instances, alternating, 30 s each:
+# benchmarks/results/polish.md (~15 min on 2 cores).
+bench-polish: install
+	$(BIN)/python -m benchmarks.polish $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -45,7 +45,7 @@ from typing import Any
 from solvers.bounds import memory_lower_bound
 from solvers.errors import CheckmateError, SolverWarning, WorkerError
 from solvers.graph import Graph
-from solvers.polish import polish
+from solvers.polish import polish as polish_schedule
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
 from solvers.schedule import Schedule, simulate, validate
 from solvers.strategies.least_peak import LeastPeak, least_peak
@@ -103,6 +103,7 @@ def auto(
     time_limit: float | None = None,
     progress: ProgressFn | None = None,
     milp_max_nodes: int = MILP_MAX_NODES,
+    polish: bool = True,
 ) -> SolveResult:
     """Run the portfolio; return the cheapest schedule within ``budget``.
 
@@ -112,6 +113,8 @@ def auto(
         time_limit: seconds for the whole portfolio (default 60).
         progress: receives :class:`SolveProgress` reports.
         milp_max_nodes: skip the MILP above this many nodes.
+        polish: polish every candidate's schedule (:mod:`solvers.polish`); False compares
+            the strategies' own schedules (``make bench-polish`` measures both).
 
     Returns:
         A :class:`SolveResult` with ``strategy="auto"``; ``info["chosen"]`` names the
@@ -174,11 +177,11 @@ def auto(
             candidates[name] = f"invalid: {exc}"
             return
         try:  # keep what the budget leaves room for instead of recomputing it
-            kept = polish(graph, res.schedule, budget)
+            kept = polish_schedule(graph, res.schedule, budget) if polish else None
         except CheckmateError as exc:
             polished[name] = f"error: {exc}"
         else:
-            if kept.sim.cost < sim.cost:
+            if kept is not None and kept.sim.cost < sim.cost:
                 polished[name] = {"before": sim.cost, "merged": kept.merged, "dropped": kept.dropped}
                 res, sim = dataclasses.replace(res, schedule=kept.schedule), kept.sim
         candidates[name] = sim.cost

@@ -107,3 +107,6 @@ def test_auto_polishes_a_schedule_planned_below_the_budget() -> None:
     assert res.ok and res.cost is not None and res.schedule is not None
     assert validate(g, res.schedule, budget).cost == res.cost <= out.sim.cost + 1e-9
     assert res.info["polished"], res.info["candidates"]
+    # the option turns it off (make bench-polish compares the two)
+    plain = auto(g, budget, time_limit=3, milp_max_nodes=0, polish=False)
+    assert "polished" not in plain.info and plain.ok
