@@ -87,6 +87,7 @@ from solvers.resize import structure
 from solvers.result import SolveResult
 from solvers.schedule import PAGEIN, PAGEOUT, keep_all_peak, simulate
 from solvers.strategies.baselines import checkpoint_all
+from solvers.strategies.least_peak import known_least_peak
 
 #: planning progress at INFO (one line per stage that takes seconds, one per plan); see README
 log = logging.getLogger("checkmate")
@@ -114,6 +115,9 @@ GUESS_SECONDS = 2.0
 #: a guessed room more than this share of the budget above what the graphs after it need
 #: is replanned at the next call (:meth:`Planner.finish_call`)
 GUESS_SLACK = 0.05
+#: a try with a fallback (room left beside a graph) below the least peak found for the graph
+#: is searched for this share of the time limit (:meth:`Planner._solved`)
+HEDGE_SHARE = 0.1
 #: what makes a step's ops that ran outside every captured graph planned (a step measured
 #: over its byte budget because of them says it)
 _UNCAPTURED_ADVICE = (
@@ -1414,7 +1418,7 @@ class Planner:
                 continue  # the whole budget: below
             tried.add((reserve, room))
             try:
-                return self._solve(jg, profile_id, reserve, room)
+                return self._solve(jg, profile_id, reserve, room, hedged=True)
             except InfeasibleBudgetError as exc:
                 # no plan leaves that much room: the least peak found with it, over the budget,
                 # says by about how much less to leave (the ballast of solvers.boundary counted)
@@ -2096,13 +2100,20 @@ class Planner:
         return self.runs.get(structure(graph), 1) if self.runs else 1
 
     def _solve(
-        self, jg: JointGraph, profile_id: str, earlier: int = 0, room: int | None = None
+        self,
+        jg: JointGraph,
+        profile_id: str,
+        earlier: int = 0,
+        room: int | None = None,
+        *,
+        hedged: bool = False,
     ) -> tuple[SolveResult, int | None, int | None]:
         """The plan of ``jg``; when it was planned above the budget asked (see
         :meth:`partition`), the bytes asked; when it reuses the plan of another record
         (the same graph at other sizes), that record's index. ``earlier`` bytes of a byte
         budget are held beside the graph; ``room`` more are to be left free at its
-        forward/backward boundary (:attr:`solvers.budget.Budget.boundary`).
+        forward/backward boundary (:attr:`solvers.budget.Budget.boundary`). ``hedged``: the
+        caller plans otherwise where this finds no plan (:meth:`_solved`).
 
         Gradients the loop frees between the forward and the backward (:attr:`grads_late`)
         are held through the forward only: where the module computes the loss (and its plans
@@ -2129,7 +2140,7 @@ class Planner:
         )
         if forward:
             try:
-                got = self._solve_at(jg, profile_id, earlier, room, forward)
+                got = self._solve_at(jg, profile_id, earlier, room, forward, hedged=True)
             except InfeasibleBudgetError:  # so is the whole step beside them: its error says by how much
                 got = None
             if got is not None:
@@ -2140,12 +2151,19 @@ class Planner:
                 format_bytes(forward),
             )
         self.late_throughout = self.late_throughout or bool(self.grads_late and self.held_grads)
-        got = self._solve_at(jg, profile_id, earlier, room)
+        got = self._solve_at(jg, profile_id, earlier, room, hedged=hedged)
         assert got is not None  # only a plan beside what the forward alone holds can miss
         return got
 
     def _solve_at(
-        self, jg: JointGraph, profile_id: str, earlier: int = 0, room: int | None = None, forward: int = 0
+        self,
+        jg: JointGraph,
+        profile_id: str,
+        earlier: int = 0,
+        room: int | None = None,
+        forward: int = 0,
+        *,
+        hedged: bool = False,
     ) -> tuple[SolveResult, int | None, int | None] | None:
         """:meth:`_solve`, ``forward`` bytes of what is held beside the graph (:meth:`_beside`)
         held through its forward only (its plan made with them held there, a family's checked
@@ -2202,13 +2220,19 @@ class Planner:
             held = with_forward_hold(graph, forward)
             at_boundary = None if room is None else max((nbytes or 0) - room, 0)  # the hold counts there
             res, asked = self._plan(
-                held, keep_all_peak(held), profile_id, replace(target, boundary=at_boundary), reserve
+                held,
+                keep_all_peak(held),
+                profile_id,
+                replace(target, boundary=at_boundary),
+                reserve,
+                hedged=hedged,
+                like=graph,
             )
             if res.ok and res.schedule is not None:
                 sim = simulate(graph, schedule := without_ballast(res.schedule, 0))
                 res = replace(res, schedule=schedule, cost=sim.cost, peak=sim.peak)
         else:
-            res, asked = self._plan(graph, ref, profile_id, target, reserve)
+            res, asked = self._plan(graph, ref, profile_id, target, reserve, hedged=hedged)
         if not res.ok or res.schedule is None:
             # both numbers: the proven bound, and the least peak a schedule found reaches
             raise no_plan_error(graph, res, time_limit=self.time_limit)
@@ -2216,12 +2240,40 @@ class Planner:
             return None
         return replace(res, info={**res.info, "reference": ref}), asked, None  # a pinned plan may lack it
 
-    def _solved(self, graph: Graph, budget: Budget, profile_id: str) -> SolveResult:
+    def _solved(
+        self,
+        graph: Graph,
+        budget: Budget,
+        profile_id: str,
+        *,
+        hedged: bool = False,
+        like: Graph | None = None,
+    ) -> SolveResult:
         """:meth:`_cached`'s plan, or the :class:`InfeasibleBudgetError` naming the budget that
         has one. Raised where the solve runs: under torch.distributed the rank that planned
         sends it whole to the ranks waiting for its plan, so that all take the same fallback
-        (a budget proven too small and one whose schedule was not found in time alike)."""
-        res = self._cached(graph, budget, profile_id)
+        (a budget proven too small and one whose schedule was not found in time alike).
+
+        ``hedged``: the caller plans otherwise where this finds no plan (with less room beside
+        the graph). Then a budget below the least peak this process found for the graph
+        (``like``'s where given: the graph without a hold added) is searched briefly
+        (:data:`HEDGE_SHARE` of the time limit): a retry at the minimum an
+        :class:`InfeasibleBudgetError` named first leaves room for a loss outside the module,
+        below that minimum, and spent the whole time limit there in vain (a two-headed MLP's
+        retry took 31 s at a 30 s limit). The heuristics, whose schedules differ with the
+        op costs measured, still run: a GPT-2's found one there."""
+        limit = None
+        if hedged and budget.nbytes is not None and not budget.least:
+            found = known_least_peak(like or graph)
+            if found is not None and budget.nbytes < found.peak:
+                limit = max(HEDGE_SHARE * (self.time_limit or 30.0), 1.0)
+                log.info(
+                    "%s is below the least peak found for this graph (%s): searched for %.1f s",
+                    format_bytes(budget.nbytes),
+                    format_bytes(found.peak),
+                    limit,
+                )
+        res = self._cached(graph, budget, profile_id, time_limit=limit)
         if not res.ok or res.schedule is None:
             raise no_plan_error(graph, res, time_limit=self.time_limit)
         return res
@@ -2237,18 +2289,26 @@ class Planner:
         )  # fmt: skip
 
     def _plan(
-        self, graph: Graph, ref: int, profile_id: str, target: Budget, reserve: int
+        self,
+        graph: Graph,
+        ref: int,
+        profile_id: str,
+        target: Budget,
+        reserve: int,
+        *,
+        hedged: bool = False,
+        like: Graph | None = None,
     ) -> tuple[SolveResult, int | None]:
         """Solve ``graph`` (keep-all peak ``ref``) at ``target``; see :meth:`partition` for
         a fraction infeasible for a small graph. Bytes are the graph's own; a fraction's
-        bytes are taken ``reserve`` off."""
+        bytes are taken ``reserve`` off. ``hedged``, ``like``: see :meth:`_solved`."""
 
         def run(budget: Budget) -> SolveResult:
             if budget.least:  # the least peak: nothing to reserve from
                 least = replace(budget, reference=ref)
                 return self._shared(graph, -1, lambda _: self._solved(graph, least, profile_id), profile_id)
             b = budget.for_graph(ref, reserve if budget.fraction is not None else 0)
-            solve = lambda _: self._solved(graph, b, profile_id)  # noqa: E731
+            solve = lambda _: self._solved(graph, b, profile_id, hedged=hedged, like=like)  # noqa: E731
             return self._shared(graph, b.resolve(ref), solve, profile_id, boundary=b.boundary)
 
         try:

@@ -34,7 +34,7 @@ from solvers.errors import CheckmateError
 from solvers.graph import Graph
 from solvers.schedule import Schedule, schedule_from_order, simulate
 
-__all__ = ["LeastPeak", "least_peak"]
+__all__ = ["LeastPeak", "known_least_peak", "least_peak"]
 
 #: heuristics of the first bisection, with their options: deterministic, fast, and together
 #: the lowest peaks on traced graphs (peak-greedy on transformers, DTR on CNNs, gap-cover on
@@ -149,6 +149,14 @@ def least_peak(
     while len(_MEMO) > MEMO_SIZE:
         del _MEMO[next(iter(_MEMO))]
     return found
+
+
+def known_least_peak(graph: Graph) -> LeastPeak | None:
+    """The least peak this process's searches found for ``graph`` (its structure and
+    sizes: costs do not matter), or None where none searched it; searches nothing."""
+    from solvers.plan import graph_fingerprint
+
+    return _MEMO.get(graph_fingerprint(graph))
 
 
 #: (schedule, peak, cost, strategy)
