@@ -27,6 +27,13 @@ a truncated or hand-edited file (its checksum no longer matches) or an unknown f
 version is rejected with a warning that says why, and the graph is planned again: a bad
 file never crashes a run and is never applied. Writes go to a temporary file renamed into
 place, so processes planning the same graph at once never leave a torn file.
+
+Beside the plans, ``least_peak/<graph fingerprint>.json`` records the least peak a search
+found for a graph whose budget had no plan (:func:`remember_least_peak`): the minimum an
+:class:`~solvers.errors.InfeasibleBudgetError` named. A later process retrying at that
+minimum reads it (:func:`recall_least_peak`) to search briefly where it plans the graph
+with room left beside it, below that peak. It is a hint, never a plan: a stale or broken
+record only changes how long such a search runs.
 """
 
 from __future__ import annotations
@@ -64,7 +71,16 @@ from solvers.plan import (
 from solvers.result import ProgressFn, Status
 from solvers.schedule import validate
 
-__all__ = ["cached_solve", "cache_dir", "cache_enabled", "cache_key", "key_parts", "PlanCacheWarning"]
+__all__ = [
+    "cached_solve",
+    "cache_dir",
+    "cache_enabled",
+    "cache_key",
+    "key_parts",
+    "recall_least_peak",
+    "remember_least_peak",
+    "PlanCacheWarning",
+]
 
 
 class PlanCacheWarning(UserWarning):
@@ -371,3 +387,46 @@ def _longer(asked: float | None, planned: Any) -> bool:
     if asked is None:
         return planned is not None
     return planned is not None and float(asked) > float(planned)
+
+
+#: the format of a least-peak record (:func:`remember_least_peak`)
+LEAST_PEAK_FORMAT = "checkmate-least-peak"
+
+
+def _least_peak_path(graph: Graph) -> Path:
+    return cache_dir() / "least_peak" / f"{graph_fingerprint(graph)}.json"
+
+
+def remember_least_peak(graph: Graph, peak: int) -> None:
+    """Record ``peak``, the least peak a search found for ``graph`` (its structure and
+    sizes), for later processes (:func:`recall_least_peak`); a lower record stands. Nothing
+    is written when the cache is off; a write that fails is skipped (it is a hint)."""
+    if not cache_enabled():
+        return
+    known = recall_least_peak(graph)
+    if known is not None and known <= peak:
+        return
+    doc = {"format": LEAST_PEAK_FORMAT, "graph": graph_fingerprint(graph), "peak": int(peak)}
+    doc["planner"] = planner_revision()  # a newer planner may find lower peaks
+    try:
+        atomic_write_text(_least_peak_path(graph), json.dumps(doc, sort_keys=True))
+    except OSError:
+        return
+
+
+def recall_least_peak(graph: Graph) -> int | None:
+    """The least peak an earlier process recorded for ``graph`` (:func:`remember_least_peak`),
+    or None: none recorded, the cache off, or a record that does not read as one made for
+    this graph by this planner."""
+    if not cache_enabled():
+        return None
+    try:
+        doc = json.loads(_least_peak_path(graph).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != LEAST_PEAK_FORMAT:
+        return None
+    if doc.get("graph") != graph_fingerprint(graph) or doc.get("planner") != planner_revision():
+        return None
+    peak = doc.get("peak")
+    return peak if isinstance(peak, int) and not isinstance(peak, bool) and peak > 0 else None

@@ -51,7 +51,7 @@ import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
-from checkmate.cache import cached_solve
+from checkmate.cache import cached_solve, recall_least_peak, remember_least_peak
 from checkmate.codegen import SplitModules, generate
 from checkmate.compiled import Calibration, CompileHalf
 from checkmate.distributed import ddp_reserve, fsdp_reserve, plan_once
@@ -2255,8 +2255,8 @@ class Planner:
         (a budget proven too small and one whose schedule was not found in time alike).
 
         ``hedged``: the caller plans otherwise where this finds no plan (with less room beside
-        the graph). Then a budget below the least peak this process found for the graph
-        (``like``'s where given: the graph without a hold added) is searched briefly
+        the graph). Then a budget below the least peak found for the graph (``like``'s where
+        given: the graph without a hold added), in this process or recorded by an earlier one (:func:`checkmate.cache.recall_least_peak`), is searched briefly
         (:data:`HEDGE_SHARE` of the time limit): a retry at the minimum an
         :class:`InfeasibleBudgetError` named first leaves room for a loss outside the module,
         below that minimum, and spent the whole time limit there in vain (a two-headed MLP's
@@ -2265,17 +2265,23 @@ class Planner:
         limit = None
         if hedged and budget.nbytes is not None and not budget.least:
             found = known_least_peak(like or graph)
-            if found is not None and budget.nbytes < found.peak:
+            peak = recall_least_peak(like or graph) if found is None else found.peak
+            if peak is not None and budget.nbytes < peak:
                 limit = max(HEDGE_SHARE * (self.time_limit or 30.0), 1.0)
                 log.info(
                     "%s is below the least peak found for this graph (%s): searched for %.1f s",
                     format_bytes(budget.nbytes),
-                    format_bytes(found.peak),
+                    format_bytes(peak),
                     limit,
                 )
-        res = self._cached(graph, budget, profile_id, time_limit=limit)
-        if not res.ok or res.schedule is None:
-            raise no_plan_error(graph, res, time_limit=self.time_limit)
+        try:
+            res = self._cached(graph, budget, profile_id, time_limit=limit)
+            if not res.ok or res.schedule is None:
+                raise no_plan_error(graph, res, time_limit=self.time_limit)
+        except InfeasibleBudgetError as exc:
+            if exc.minimum is not None:  # for a later process's retry at it
+                remember_least_peak(graph, exc.minimum)
+            raise
         return res
 
     def _cached(

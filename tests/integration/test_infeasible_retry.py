@@ -156,6 +156,40 @@ def test_the_minimum_of_an_infeasible_budget_plans_on_the_first_try(
     assert peak <= 1.05 * exc.minimum, f"measured {peak:,} bytes for a budget of {exc.minimum:,}"
 
 
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "cache-off"])
+def test_a_retry_in_a_new_process_searches_briefly_below_the_minimum_recorded(
+    recorded: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the usual retry: the script stops at the error and runs again with exc.minimum. The
+    # least peak found is recorded beside the plan cache; the new process (no search
+    # memoized) reads it, and its first try, below the minimum, is searched briefly
+    import checkmate.runtime
+    from solvers.strategies import least_peak
+
+    if not recorded:
+        monkeypatch.setenv("CHECKMATE_CACHE", "0")
+    model, inputs = _fresh("two_heads")
+    with pytest.raises(InfeasibleBudgetError) as info:
+        checkmate.optimize(copy.deepcopy(model), 0.02, inputs, time_limit=TIME_LIMIT)
+    minimum = info.value.minimum
+    assert minimum is not None
+    least_peak._MEMO.clear()  # a new process
+    searched: list[tuple[int | None, float | None]] = []
+    solve = checkmate.runtime.cached_solve
+
+    def spy(graph: Any, budget: Any, *args: Any, **kwargs: Any) -> Any:
+        searched.append((budget.nbytes, kwargs.get("time_limit")))
+        return solve(graph, budget, *args, **kwargs)
+
+    monkeypatch.setattr(checkmate.runtime, "cached_solve", spy)
+    opt = checkmate.optimize(copy.deepcopy(model), minimum, inputs, time_limit=TIME_LIMIT)
+    assert checkmate.plans_of(opt)
+    below = [limit for nbytes, limit in searched if nbytes is not None and nbytes < minimum]
+    assert below, f"no try below the minimum: nothing to test ({searched})"
+    # with the cache off nothing was recorded: the whole time limit, as before the record
+    assert all((limit is not None and limit < TIME_LIMIT / 2) == recorded for limit in below), searched
+
+
 @pytest.mark.parametrize("name", ["cnn_batchnorm", "two_heads", "densenet_like"])
 def test_budget_min_plans_in_one_call(name: str) -> None:
     model, inputs = _fresh(name)

@@ -407,3 +407,45 @@ def test_the_planner_revision_follows_the_planners_source(tmp_path: Path) -> Non
     with (copy / "strategies" / "auto.py").open("a") as f:
         f.write("\n# a strategy changed\n")
     assert source_digest(copy) != source_digest(root)
+
+
+def test_a_least_peak_recorded_is_read_back_for_its_graph_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from checkmate.cache import recall_least_peak, remember_least_peak
+
+    g, other = chain(6, mem=4), chain(6, mem=8)
+    assert recall_least_peak(g) is None
+    remember_least_peak(g, 40)
+    assert recall_least_peak(g) == 40
+    assert recall_least_peak(other) is None  # another graph's sizes: not its record
+    remember_least_peak(g, 44)  # a higher peak found later does not replace a lower one
+    assert recall_least_peak(g) == 40
+    remember_least_peak(g, 36)
+    assert recall_least_peak(g) == 36
+    monkeypatch.setenv("CHECKMATE_CACHE", "0")
+    assert recall_least_peak(g) is None
+    remember_least_peak(other, 12)
+    monkeypatch.setenv("CHECKMATE_CACHE", "1")
+    assert recall_least_peak(other) is None  # nothing was written with the cache off
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["{not json", "[]", '{"format": "other", "peak": 5}', "PEAK_STR", "PEAK_NEGATIVE", "PLANNER_OLD"],
+)
+def test_a_least_peak_record_that_does_not_read_as_one_is_ignored(text: str) -> None:
+    from checkmate import cache
+
+    g = chain(5, mem=4)
+    cache.remember_least_peak(g, 30)
+    path = cache._least_peak_path(g)
+    doc = json.loads(path.read_text())
+    if text == "PEAK_STR":
+        text = json.dumps({**doc, "peak": "30"})
+    elif text == "PEAK_NEGATIVE":
+        text = json.dumps({**doc, "peak": -3})
+    elif text == "PLANNER_OLD":
+        text = json.dumps({**doc, "planner": "0.0.1+0000"})
+    path.write_text(text)
+    assert cache.recall_least_peak(g) is None
+    cache.remember_least_peak(g, 31)  # a broken record is replaced
+    assert cache.recall_least_peak(g) == 31
