@@ -1282,7 +1282,8 @@ class Planner:
     ) -> JointGraph:
         """The graph model of ``joint``; op costs and scratch sizes are taken as it is
         built (the stages ``profile`` and ``scratch``, nested in ``trace``)."""
-        recompute_dropout_from_mask(joint)  # dropout's output is recomputed from its mask
+        # dropout's output is recomputed from its mask, scaled as the kernels that run it scale
+        recompute_dropout_from_mask(joint, eager=compiler != "inductor")
         if compiler != "inductor":  # and its mask from the generator state it drew from
             replay_dropout_draws(joint)
         correct_traced_dtypes(joint)  # where a fake-tensor rule and its kernel disagree

@@ -287,6 +287,53 @@ def test_a_dropout_mask_recomputed_draws_what_eager_drew() -> None:
     assert measured <= 1.05 * budget
 
 
+class _BlocksDropout01(torch.nn.Module):
+    """Four residual blocks 64-256-64 with dropout 0.1 (a scale not exact in bfloat16)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(
+                torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Dropout(0.1), torch.nn.Linear(256, 64)
+            )
+            for _ in range(4)
+        )
+
+    def forward(self, x: Any) -> Any:
+        for b in self.blocks:
+            x = x + b(x)
+        return x
+
+
+def test_dropout_under_bfloat16_autocast_steps_as_eager() -> None:
+    """Under torch.autocast("cpu", bfloat16) the loss and the gradients equal eager's bit for
+    bit. Eager's CPU dropout multiplies by a noise of the input's dtype (1/0.9 rounded to
+    1.109375), where the dropout output recomputed from its mask, and AOTAutograd's gradient
+    of dropout, scaled by 1/0.9: the loss differed, and the gradients as torch.compile's do."""
+    torch.manual_seed(0)
+    eager = _BlocksDropout01()
+    x = torch.randn(256, 64)
+
+    def step(m: Any) -> Any:
+        torch.manual_seed(4)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = m(x).float().pow(2).mean()
+        loss.backward()
+        return loss.detach()
+
+    step(eager)
+    eager.zero_grad(set_to_none=True)
+    peak = measure_peak(lambda: step(eager))
+    model = checkmate.optimize(copy.deepcopy(eager), int(0.5 * peak), profile="cpu", time_limit=8)
+    for _ in range(2):
+        for m in (eager, model):
+            m.zero_grad(set_to_none=True)
+        assert torch.equal(step(model), step(eager))
+        _assert_same(_grads(model, ()), _grads(eager, ()), "gradient")
+    (record,) = plans_of(model)
+    assert record.recomputes > 0
+
+
 def test_eval_and_no_grad_run_the_original_forward() -> None:
     torch.manual_seed(0)
     eager = M.SmallCNN(8, 1)

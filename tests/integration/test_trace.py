@@ -170,6 +170,39 @@ def test_dropout_output_becomes_recomputable_from_its_mask() -> None:
     assert torch.equal(torch.ops.aten.native_dropout_backward(x, mask, 1 / 0.9), out)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+def test_dropout_recomputed_from_its_mask_equals_eager_dropout_in_every_dtype(
+    dtype: torch.dtype, p: float
+) -> None:
+    # eager's CPU dropout multiplies by a noise of the input's dtype, 1 / (1 - p) rounded to it
+    # (bfloat16 at 0.1: 1.109375), and so does its gradient: the output rewritten from the mask
+    # and the gradient AOTAutograd traced (native_dropout_backward) must scale so too, or a step
+    # under torch.autocast("cpu") differs from eager's
+    g = fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.empty(64, 65, dtype=dtype)
+    grad = g.placeholder("grad")
+    drop = g.call_function(torch.ops.aten.native_dropout.default, (x, p, True))
+    drop.meta["val"] = (torch.empty(64, 65, dtype=dtype), torch.empty(64, 65, dtype=torch.bool))
+    out = g.call_function(operator.getitem, (drop, 0))
+    out.meta["val"] = torch.empty(64, 65, dtype=dtype)
+    mask = g.call_function(operator.getitem, (drop, 1))
+    back = g.call_function(torch.ops.aten.native_dropout_backward.default, (grad, mask, 1.0 / (1.0 - p)))
+    g.output((out, back))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    assert recompute_dropout_from_mask(gm) == 1
+    xs, gs = ((torch.randn(64, 65) * 3).to(dtype) for _ in range(2))
+    torch.manual_seed(3)
+    got, got_grad = gm(xs, gs)
+    leaf = xs.clone().requires_grad_()
+    torch.manual_seed(3)
+    want = torch.nn.functional.dropout(leaf, p, True)
+    want.backward(gs)
+    assert torch.equal(got, want), (got.float() - want.float()).abs().max().item()
+    assert leaf.grad is not None and torch.equal(got_grad, leaf.grad)
+
+
 def test_a_replayed_dropout_mask_reads_the_generator_state_taken_before_it() -> None:
     """With its draws replayable (checkmate.rng), a dropout's mask is a recomputable node of
     the forward that reads a small, fixed state node; without, the mask is fixed."""
