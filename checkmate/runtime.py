@@ -2257,12 +2257,14 @@ class Planner:
 
         ``hedged``: the caller plans otherwise where this finds no plan (with less room beside
         the graph). Then a budget below the least peak found for the graph (``like``'s where
-        given: the graph without a hold added), in this process or recorded by an earlier one (:func:`checkmate.cache.recall_least_peak`), is searched briefly
-        (:data:`HEDGE_SHARE` of the time limit): a retry at the minimum an
-        :class:`InfeasibleBudgetError` named first leaves room for a loss outside the module,
-        below that minimum, and spent the whole time limit there in vain (a two-headed MLP's
-        retry took 31 s at a 30 s limit). The heuristics, whose schedules differ with the
-        op costs measured, still run: a GPT-2's found one there."""
+        given: the graph without a hold added), in this process or recorded by an earlier one
+        (:func:`checkmate.cache.recall_least_peak`), is searched briefly (:data:`HEDGE_SHARE`
+        of the time limit): a retry at the minimum an :class:`InfeasibleBudgetError` named
+        first leaves room for a loss outside the module, below that minimum, and spent the
+        whole time limit there in vain (a two-headed MLP's retry took 31 s at a 30 s limit).
+        The heuristics, whose schedules differ with the op costs measured, still run: a
+        GPT-2's found one there. The least peak an error names is recorded for later
+        processes (:func:`checkmate.cache.remember_least_peak`)."""
         limit = None
         if hedged and budget.nbytes is not None and not budget.least:
             found = known_least_peak(like or graph)
