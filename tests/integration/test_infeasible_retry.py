@@ -121,12 +121,25 @@ def _fresh(name: str) -> tuple[nn.Module, tuple[Any, ...]]:
     return make().train(), inputs()
 
 
+def _spy_searches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int | None, float | None]]:
+    """Records, per plan search the planner starts, its budget's bytes and its time limit."""
+    import checkmate.runtime
+
+    searched: list[tuple[int | None, float | None]] = []
+    solve = checkmate.runtime.cached_solve
+
+    def spy(graph: Any, budget: Any, *args: Any, **kwargs: Any) -> Any:
+        searched.append((budget.nbytes, kwargs.get("time_limit")))
+        return solve(graph, budget, *args, **kwargs)
+
+    monkeypatch.setattr(checkmate.runtime, "cached_solve", spy)
+    return searched
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_the_minimum_of_an_infeasible_budget_plans_on_the_first_try(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import checkmate.runtime
-
     model, inputs = _fresh(name)
     with pytest.raises(InfeasibleBudgetError) as info:
         checkmate.optimize(copy.deepcopy(model), 0.02, inputs, time_limit=TIME_LIMIT)
@@ -137,14 +150,7 @@ def test_the_minimum_of_an_infeasible_budget_plans_on_the_first_try(
     # the retry searches below the minimum briefly if at all: its first try leaves room for a
     # loss outside the module, below the least peak found, and spent the whole time limit
     # there in vain (a two-headed MLP's retry took 31 s at a 30 s limit, 2 s now)
-    searched: list[tuple[int | None, float | None]] = []
-    solve = checkmate.runtime.cached_solve
-
-    def spy(graph: Any, budget: Any, *args: Any, **kwargs: Any) -> Any:
-        searched.append((budget.nbytes, kwargs.get("time_limit")))
-        return solve(graph, budget, *args, **kwargs)
-
-    monkeypatch.setattr(checkmate.runtime, "cached_solve", spy)
+    searched = _spy_searches(monkeypatch)
     opt = checkmate.optimize(copy.deepcopy(model), exc.minimum, inputs, time_limit=TIME_LIMIT)
     below = [limit for nbytes, limit in searched if nbytes is not None and nbytes < exc.minimum]
     assert searched and all(limit is not None and limit < TIME_LIMIT / 2 for limit in below), searched
@@ -163,7 +169,6 @@ def test_a_retry_in_a_new_process_searches_briefly_below_the_minimum_recorded(
     # the usual retry: the script stops at the error and runs again with exc.minimum. The
     # least peak found is recorded beside the plan cache; the new process (no search
     # memoized) reads it, and its first try, below the minimum, is searched briefly
-    import checkmate.runtime
     from solvers.strategies import least_peak
 
     if not recorded:
@@ -174,14 +179,7 @@ def test_a_retry_in_a_new_process_searches_briefly_below_the_minimum_recorded(
     minimum = info.value.minimum
     assert minimum is not None
     least_peak._MEMO.clear()  # a new process
-    searched: list[tuple[int | None, float | None]] = []
-    solve = checkmate.runtime.cached_solve
-
-    def spy(graph: Any, budget: Any, *args: Any, **kwargs: Any) -> Any:
-        searched.append((budget.nbytes, kwargs.get("time_limit")))
-        return solve(graph, budget, *args, **kwargs)
-
-    monkeypatch.setattr(checkmate.runtime, "cached_solve", spy)
+    searched = _spy_searches(monkeypatch)
     opt = checkmate.optimize(copy.deepcopy(model), minimum, inputs, time_limit=TIME_LIMIT)
     assert checkmate.plans_of(opt)
     below = [limit for nbytes, limit in searched if nbytes is not None and nbytes < minimum]

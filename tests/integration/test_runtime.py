@@ -235,15 +235,15 @@ def test_gpt2_with_dropout_matches_eager_within_budget() -> None:
 
 
 class _DropoutBlocks(torch.nn.Module):
-    """Six residual blocks 64-256-64 with dropout 0.5 on the wide activation."""
+    """``n`` residual blocks 64-256-64 with dropout ``p`` on the wide activation."""
 
-    def __init__(self) -> None:
+    def __init__(self, p: float = 0.5, n: int = 6) -> None:
         super().__init__()
         self.blocks = torch.nn.ModuleList(
             torch.nn.Sequential(
-                torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Dropout(0.5), torch.nn.Linear(256, 64)
+                torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Dropout(p), torch.nn.Linear(256, 64)
             )
-            for _ in range(6)
+            for _ in range(n)
         )
 
     def forward(self, x: Any) -> Any:
@@ -287,31 +287,13 @@ def test_a_dropout_mask_recomputed_draws_what_eager_drew() -> None:
     assert measured <= 1.05 * budget
 
 
-class _BlocksDropout01(torch.nn.Module):
-    """Four residual blocks 64-256-64 with dropout 0.1 (a scale not exact in bfloat16)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = torch.nn.ModuleList(
-            torch.nn.Sequential(
-                torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Dropout(0.1), torch.nn.Linear(256, 64)
-            )
-            for _ in range(4)
-        )
-
-    def forward(self, x: Any) -> Any:
-        for b in self.blocks:
-            x = x + b(x)
-        return x
-
-
 def test_dropout_under_bfloat16_autocast_steps_as_eager() -> None:
     """Under torch.autocast("cpu", bfloat16) the loss and the gradients equal eager's bit for
     bit. Eager's CPU dropout multiplies by a noise of the input's dtype (1/0.9 rounded to
     1.109375), where the dropout output recomputed from its mask, and AOTAutograd's gradient
     of dropout, scaled by 1/0.9: the loss differed, and the gradients as torch.compile's do."""
     torch.manual_seed(0)
-    eager = _BlocksDropout01()
+    eager = _DropoutBlocks(p=0.1, n=4)  # 1/0.9 is not exact in bfloat16
     x = torch.randn(256, 64)
 
     def step(m: Any) -> Any:
