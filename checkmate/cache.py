@@ -393,8 +393,8 @@ def _longer(asked: float | None, planned: Any) -> bool:
 LEAST_PEAK_FORMAT = "checkmate-least-peak"
 
 
-def _least_peak_path(graph: Graph) -> Path:
-    return cache_dir() / "least_peak" / f"{graph_fingerprint(graph)}.json"
+def _least_peak_path(fingerprint: str) -> Path:
+    return cache_dir() / "least_peak" / f"{fingerprint}.json"
 
 
 def remember_least_peak(graph: Graph, peak: int) -> None:
@@ -403,13 +403,19 @@ def remember_least_peak(graph: Graph, peak: int) -> None:
     is written when the cache is off; a write that fails is skipped (it is a hint)."""
     if not cache_enabled():
         return
-    known = recall_least_peak(graph)
+    fingerprint = graph_fingerprint(graph)
+    known = _recalled(fingerprint)
     if known is not None and known <= peak:
         return
-    doc = {"format": LEAST_PEAK_FORMAT, "graph": graph_fingerprint(graph), "peak": int(peak)}
-    doc["planner"] = planner_revision()  # a newer planner may find lower peaks
+    # the planner's revision: a newer planner may find lower peaks
+    doc = {
+        "format": LEAST_PEAK_FORMAT,
+        "graph": fingerprint,
+        "peak": int(peak),
+        "planner": planner_revision(),
+    }
     try:
-        atomic_write_text(_least_peak_path(graph), json.dumps(doc, sort_keys=True))
+        atomic_write_text(_least_peak_path(fingerprint), json.dumps(doc, sort_keys=True))
     except OSError:
         return
 
@@ -418,15 +424,18 @@ def recall_least_peak(graph: Graph) -> int | None:
     """The least peak an earlier process recorded for ``graph`` (:func:`remember_least_peak`),
     or None: none recorded, the cache off, or a record that does not read as one made for
     this graph by this planner."""
-    if not cache_enabled():
-        return None
+    return _recalled(graph_fingerprint(graph)) if cache_enabled() else None
+
+
+def _recalled(fingerprint: str) -> int | None:
+    """:func:`recall_least_peak` of the graph whose fingerprint is ``fingerprint``."""
     try:
-        doc = json.loads(_least_peak_path(graph).read_text())
+        doc = json.loads(_least_peak_path(fingerprint).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(doc, dict) or doc.get("format") != LEAST_PEAK_FORMAT:
         return None
-    if doc.get("graph") != graph_fingerprint(graph) or doc.get("planner") != planner_revision():
+    if doc.get("graph") != fingerprint or doc.get("planner") != planner_revision():
         return None
     peak = doc.get("peak")
     return peak if isinstance(peak, int) and not isinstance(peak, bool) and peak > 0 else None

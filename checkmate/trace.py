@@ -343,16 +343,16 @@ def recompute_dropout_from_mask(gm: fx.GraphModule, *, eager: bool = True) -> in
             with gm.graph.inserting_after(outs[0]):
                 outs[1] = gm.graph.call_function(operator.getitem, (node, 1))
             outs[1].meta["val"] = node.meta["val"][1]
+        scale = _dropout_scale(node.args[0], p) if eager else 1.0 / (1.0 - p)
+        if eager:  # its gradient too, as eager's dropout (input times a noise of its dtype) has it
+            for use in list(outs[1].users):
+                if use.target is torch.ops.aten.native_dropout_backward.default:
+                    use.args = (*use.args[:2], scale, *use.args[3:])
         with gm.graph.inserting_after(max(outs.values(), key=lambda u: _position(gm, u))):
             redo = gm.graph.call_function(
-                torch.ops.aten.native_dropout_backward.default,
-                (node.args[0], outs[1], _dropout_scale(node.args[0], p) if eager else 1.0 / (1.0 - p)),
+                torch.ops.aten.native_dropout_backward.default, (node.args[0], outs[1], scale)
             )
         redo.meta = dict(outs[0].meta)
-        if eager:  # and its gradient, as eager's dropout (input times a noise of its dtype) has it
-            for use in list(outs[1].users):
-                if use.target is torch.ops.aten.native_dropout_backward.default and use is not redo:
-                    use.args = (*use.args[:2], _dropout_scale(node.args[0], p), *use.args[3:])
         outs[0].replace_all_uses_with(redo)
         gm.graph.erase_node(outs[0])
         done += 1
