@@ -80,11 +80,12 @@ from checkmate.trace import (
 )
 from solvers.api import no_plan_error
 from solvers.boundary import boundary_hold, forward_peak, retained_peaks, with_forward_hold, without_ballast
+from solvers.bounds import memory_lower_bound
 from solvers.budget import Budget, format_bytes
 from solvers.errors import HeldOutputsError, InfeasibleBudgetError
 from solvers.graph import Graph
 from solvers.resize import structure
-from solvers.result import SolveResult
+from solvers.result import SolveResult, Status
 from solvers.schedule import PAGEIN, PAGEOUT, keep_all_peak, simulate
 from solvers.strategies.baselines import checkpoint_all
 from solvers.strategies.least_peak import known_least_peak
@@ -840,8 +841,8 @@ class Planner:
                     "The outputs beside the loss are saved for the backward: dropping them saves nothing"
                 )
                 return None
-            try:
-                got = self._solve_after_earlier(dropped, profile_id)
+            try:  # hedged: where it has no plan, the error raised is exc, whose search was done
+                got = self._solve_after_earlier(dropped, profile_id, hedged=True)
             except InfeasibleBudgetError:
                 exc.add_note(
                     f"Neither does a plan dropping the outputs beside the loss ({format_bytes(held)}) when the "
@@ -1378,7 +1379,7 @@ class Planner:
         return modules.forward, modules.backward
 
     def _solve_after_earlier(
-        self, jg: JointGraph, profile_id: str, guess: int = 0
+        self, jg: JointGraph, profile_id: str, guess: int = 0, *, hedged: bool = False
     ) -> tuple[SolveResult, int | None, int | None]:
         """:meth:`_solve` under a byte budget less what the other graphs of this call hold
         while this one runs (graph breaks, and DDP's graph splits at its gradient buckets:
@@ -1388,7 +1389,8 @@ class Planner:
         :mod:`solvers.boundary`). Where that leaves no plan, a smaller room at the boundary,
         then none there, then the whole budget as before; :meth:`_check_split` then says
         what the step can reach. ``guess``: bytes to leave for a loss outside the module where
-        no step was measured yet (:func:`_loss_room`), in place of the measured room."""
+        no step was measured yet (:func:`_loss_room`), in place of the measured room.
+        ``hedged``: the caller does otherwise where this finds no plan (:meth:`_solved`)."""
         before = self._held_before()
         if guess:  # no step measured yet: room for a loss outside, guessed
             self.loss_guess[self.step] = guess
@@ -1431,7 +1433,7 @@ class Planner:
                         tries.insert(0, (reserve, room - over))
                 elif reserve - over > before and (not tries or reserve - over > tries[0][0]):
                     tries.insert(0, (reserve - over, None))
-        return self._solve(jg, profile_id)
+        return self._solve(jg, profile_id, hedged=hedged)
 
     def _solve_beside_calls(
         self, jg: JointGraph, profile_id: str, base: int, runs: int = 1
@@ -2264,9 +2266,24 @@ class Planner:
         whole time limit there in vain (a two-headed MLP's retry took 31 s at a 30 s limit).
         The heuristics, whose schedules differ with the op costs measured, still run: a
         GPT-2's found one there. The least peak an error names is recorded for later
-        processes (:func:`checkmate.cache.remember_least_peak`)."""
+        processes (:func:`checkmate.cache.remember_least_peak`).
+
+        A hedged budget below the graph's cheap bound (:func:`~solvers.bounds.memory_lower_bound`:
+        some op's working set alone is more) has no plan: its error names the least peak the
+        heuristics find (about a second), and the exact search is left to the caller's last
+        try. A Qwen2 given labels, at a byte budget under that bound, searched the least peak
+        twice in full (with and without the room at its boundary): 51 s to its error."""
         limit = None
-        if hedged and budget.nbytes is not None and not budget.least:
+        hedged = hedged and budget.nbytes is not None and not budget.least
+        if hedged and (budget.nbytes or 0) < (floor := memory_lower_bound(graph)):
+            log.info(
+                "%s is below what one op needs (%s)", format_bytes(budget.nbytes or 0), format_bytes(floor)
+            )
+            below = SolveResult(
+                self.strategy, Status.INFEASIBLE, budget.nbytes or 0, info={"min_budget": floor}
+            )
+            raise no_plan_error(graph, below, time_limit=self.time_limit, exact=False)
+        if hedged and budget.nbytes is not None:
             found = known_least_peak(like or graph)
             peak = recall_least_peak(like or graph) if found is None else found.peak
             if peak is not None and budget.nbytes < peak:

@@ -154,12 +154,15 @@ def _solve_bounded(
 
 
 def no_plan_error(
-    graph: Graph, res: SolveResult, *, time_limit: float | None = None
+    graph: Graph, res: SolveResult, *, time_limit: float | None = None, exact: bool | None = None
 ) -> InfeasibleBudgetError:
     """The :class:`InfeasibleBudgetError` for a result without a schedule within its budget:
     the proven lower bound (the cheap bound, or more than a budget proven infeasible) and
     the least peak a schedule actually reaches (:func:`least_peak`, memoized per graph),
-    so that planning at ``exc.minimum`` succeeds on the first try."""
+    so that planning at ``exc.minimum`` succeeds on the first try. ``exact``: whether the
+    least-peak search runs its MILP phase (default: only where no strategy searched, a
+    budget below the cheap bound); False for a caller that plans otherwise on this error
+    (the heuristic phase, about a second, names a minimum that has a plan)."""
     floor = memory_lower_bound(graph)
     proven = max(int(res.info.get("min_budget", 0) or 0), floor)
     if res.status == Status.INFEASIBLE and proven <= res.budget:
@@ -167,7 +170,9 @@ def no_plan_error(
     # where a strategy already spent the time limit, only the heuristic search (about a
     # second) runs; below the cheap bound nothing ran, and the whole search gets the time
     searched = res.budget >= floor
-    found = least_peak(graph, time_limit=time_limit, exact=not searched)  # memoized
+    found = least_peak(
+        graph, time_limit=time_limit, exact=not searched if exact is None else exact
+    )  # memoized
     detail = (
         f"proven by {res.strategy}" if res.status == Status.INFEASIBLE else f"{res.strategy}: {res.status}"
     )
