@@ -3,6 +3,8 @@ it, the exact answer where the MILP can prove it, and the same answer on a secon
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from solvers import Graph
@@ -101,3 +103,43 @@ def test_a_budget_above_a_schedule_found_lower_has_that_schedule() -> None:
     # down a ladder of budgets, auto finds a plan nearer the budget than the least peak,
     # and cheaper (DTR without banishing at 0.97 of it: 4.39 s against 5.44 s)
     assert res.cost is not None and res.cost < found.cost
+
+
+def test_gap_cover_is_tried_once_where_it_fits_nowhere_below_the_best(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # gap-cover takes seconds a call on traced graphs of a few hundred ops, where it never
+    # lowered the least peak: it ran at every budget of the bisection and the sweep (26 s of
+    # a traced GPT-2's 28 s search); now once below the best the others found
+    import solvers.strategies
+    from solvers.strategies import least_peak as module
+
+    calls: list[int] = []
+    lookup = solvers.strategies.get_strategy
+
+    def spy(name: str) -> Any:
+        fn = lookup(name)
+        if name != "gap-cover":
+            return fn
+        return lambda graph, budget, **kw: (calls.append(budget), fn(graph, budget, **kw))[1]
+
+    monkeypatch.setattr(solvers.strategies, "get_strategy", spy)
+    module._MEMO.clear()
+    found = least_peak(dropout6(), time_limit=30, exact=False)
+    assert found.strategy != "gap-cover" and len(calls) == 1, (found.strategy, calls)
+
+
+def test_gap_cover_still_lowers_the_peak_where_it_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    # on a random layered graph gap-cover reaches below every other heuristic: tried down
+    # from their best, it still does
+    from solvers.strategies import least_peak as module
+
+    g = public_graph("random_layered_n100.json")
+    module._MEMO.clear()
+    found = least_peak(g, time_limit=30, exact=False)
+    monkeypatch.setattr(module, "SLOW_HEURISTICS", ())
+    module._MEMO.clear()
+    fast = least_peak(g, time_limit=30, exact=False)
+    module._MEMO.clear()
+    assert found.strategy == "gap-cover" and found.peak < fast.peak, (found.strategy, found.peak, fast.peak)
+    validate(g, found.schedule, found.peak)
