@@ -135,6 +135,26 @@ def test_auto_leaves_out_the_full_milp_where_the_objective_free_one_found_nothin
     assert res.info["closest_peak"] == peak  # the least peak found: a budget that has a plan
 
 
+def test_auto_leaves_out_the_lp_above_the_milp_size_where_nothing_fits() -> None:
+    """Above the MILP's size with nothing fitting, not even the least-peak search's heuristic
+    phase, the LP found no schedule and proved nothing in 12-60 s on traced graphs of 412-791
+    ops: auto leaves it out and names the least peak found. Below the cheap bound the LP
+    still proves the budget too small at once."""
+    from solvers.bounds import memory_lower_bound
+    from solvers.strategies.auto import auto
+    from solvers.strategies.least_peak import least_peak
+    from tests.graphs import dropout6
+
+    g = dropout6()
+    peak = least_peak(g, exact=False, time_limit=30).peak
+    res = auto(g, int(0.9 * peak), time_limit=10, milp_max_nodes=g.n - 1)
+    cands = res.info["candidates"]
+    assert res.schedule is None and str(cands["lp-rounding"]).startswith("skipped"), cands
+    assert res.info["closest_peak"] == peak  # the least peak found: a budget that has a plan
+    res = auto(g, memory_lower_bound(g) - 1, time_limit=10, milp_max_nodes=g.n - 1)
+    assert res.status == Status.INFEASIBLE and res.info["candidates"]["lp-rounding"] == "infeasible"
+
+
 def test_non_recomputable_nodes_change_the_answer() -> None:
     # f0 may not be recomputed: the only budget-3 schedule above is gone -> infeasible.
     res = ilp(training_chain3(nonrec=(0,)), 3, time_limit=LIMIT)
