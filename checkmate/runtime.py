@@ -439,6 +439,9 @@ class Planner:
             as the caller found: those held as a call starts are the last step's, held
             through the forward beside what it saves: where the module computes its loss,
             planned beside its forward only (:meth:`_solve`), and named so in the warnings.
+        grads_zeroed: the gradients held as a call started were all zeros, as the caller found:
+            kept by ``zero_grad(set_to_none=False)``, held through every step, and named so in
+            the warnings.
         late_throughout: a plan was made beside those through the whole step (the loss is
             computed outside the module, or no plan found has a forward that fits beside them).
         checkpoint_warning: a :class:`BudgetWarning` for the caller to issue, once: under a
@@ -508,6 +511,7 @@ class Planner:
     grads_seen: int = field(default=0, repr=False)
     held_grads: int = field(default=0, repr=False)
     grads_late: bool = field(default=False, repr=False)
+    grads_zeroed: bool = field(default=False, repr=False)
     late_throughout: bool = field(default=False, repr=False)
     grads_warning: str | None = field(default=None, repr=False)
     checkpoint_warning: str | None = field(default=None, repr=False)
@@ -1645,6 +1649,9 @@ class Planner:
                 said += f": {LATE_ZERO}, so they are held through the forward beside what it saves. The budget of "
                 said += f"{budget} covers them"
                 advice = LATE_ZERO_ADVICE
+            elif self.grads_zeroed:
+                said += f" (zeros kept by zero_grad(set_to_none=False)), which the budget of {budget} covers"
+                advice = "Free them instead: zero_grad() with set_to_none=True, its default"
             else:
                 said += " (accumulated over earlier micro-batches, or zeros kept by zero_grad(set_to_none=False)), "
                 said += f"which the budget of {budget} covers"
@@ -1688,11 +1695,11 @@ class Planner:
 
     def _grads_what(self) -> str:
         """The gradients held as a call starts, in words (:attr:`grads_late`)."""
-        return (
-            "the last step's gradients held through the forward"
-            if self.grads_late
-            else ("gradients held from earlier micro-batches")
-        )
+        if self.grads_late:
+            return "the last step's gradients held through the forward"
+        if self.grads_zeroed:
+            return "zero gradients kept by zero_grad(set_to_none=False)"
+        return "gradients held from earlier micro-batches"
 
     def _beside(self) -> int:
         """The bytes of :meth:`_beside_parts`."""
