@@ -67,7 +67,7 @@ from checkmate.runtime import (
     log,
     repeated,
 )
-from checkmate.stepcheck import StepWindow, abort_windows, open_window
+from checkmate.stepcheck import STEP_SLACK, StepWindow, abort_windows, open_window
 from checkmate.uncaptured import break_reasons, dynamo_failures, uncaptured
 from solvers.budget import BudgetSpec, format_bytes, parse_budget
 from solvers.errors import CheckmateError, TraceError
@@ -184,6 +184,12 @@ class CheckmateState:
     grad_probe: tuple[int, weakref.ref[torch.Tensor]] | None = field(default=None, repr=False)
     #: an OverheadWarning said that the plans leave room for gradients the loop frees late
     warned_late: bool = False
+    #: a step measured whole, with gradients held at its start that its plans were not made
+    #: beside (micro-batches before the loop's first optimizer step): its peak with them, and them
+    over_with_grads: tuple[int, int] | None = field(default=None, repr=False)
+    #: a step measured over the budget was warned of before any optimizer step came: the first
+    #: micro-batches' excess is not warned of again (:func:`_warn_first_micro_batches`)
+    warned_first: bool = False
     #: under a byte budget, the module's parameters, found again at each new input signature: the
     #: gradients they hold as a training call starts count against it (:func:`_gradients_held`)
     params: tuple[nn.Parameter, ...] | None = field(default=None, repr=False)
@@ -1461,6 +1467,18 @@ def _close_window(state: CheckmateState) -> None:
             state.recompile = True
         return
     state.measured_paths.setdefault(key, []).append(state.window_path)
+    unplanned = window.grads_held - min(window.grads_held, state.planner.held_grads)
+    budget = state.planner.budget.nbytes
+    if (
+        unplanned
+        and budget is not None
+        and not state.warned_first
+        and peak <= STEP_SLACK * budget < peak + unplanned
+    ):
+        # over the budget only with the gradients held beside it, which its plans were not made beside
+        # (one over it alone is judged below): warned of at the optimizer step that shows the loop
+        # accumulating them (_close_windows_before_step)
+        state.over_with_grads = max(state.over_with_grads or (0, 0), (peak + unplanned, unplanned))
     verdict = state.planner.check_step(
         key,
         peak,
@@ -1475,10 +1493,11 @@ def _close_window(state: CheckmateState) -> None:
         state.recompile = True
         message, state.planner.overrun_warning = state.planner.overrun_warning, None
         if message:
+            state.warned_first = True
             warnings.warn(message, BudgetWarning, stacklevel=_caller_level())
         return
     if verdict is not None and not state.warned_outside:
-        state.warned_outside = True
+        state.warned_outside = state.warned_first = True
         warnings.warn(verdict, BudgetWarning, stacklevel=_caller_level())
     _measure_paths(state, key)
 
@@ -1544,7 +1563,32 @@ def _close_windows_before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             i, grad = state.grad_probe
             state.planner.grads_late = state.params[i].grad is not grad()
         state.grad_probe = None
+        _warn_first_micro_batches(state)
     _HOLDING.clear()
+
+
+def _warn_first_micro_batches(state: CheckmateState) -> None:
+    """Once, the :class:`BudgetWarning` that a step measured before the loop's first optimizer
+    step (a micro-batch after the first) exceeded the byte budget with the gradients the earlier
+    micro-batches left, which its plans were not made beside: until an optimizer step shows
+    the loop accumulating them, a call finding gradients held could be a loop calling backward
+    again to measure a step. Not for a loop that frees them between the forward and the
+    backward (``grads_late``): its steps hold them through the forward only."""
+    over, state.over_with_grads = state.over_with_grads, None
+    budget = state.planner.budget.nbytes
+    if over is None or budget is None or state.planner.grads_late or state.warned_first:
+        return
+    state.warned_first = True
+    peak, held = over
+    warnings.warn(
+        f"a training step before this first optimizer step measured {format_bytes(peak)}, {peak / budget:.2f}x "
+        f"the budget of {format_bytes(budget)}, with the {format_bytes(held)} of gradients that earlier "
+        "micro-batches left, which its plans were not made beside: until an optimizer step came, the "
+        "gradients held could have been a loop's calling backward again to measure it. From the next call "
+        "on, each graph is planned beside them",
+        BudgetWarning,
+        stacklevel=_caller_level(),
+    )
 
 
 def _close_windows_at_exit() -> None:
