@@ -87,6 +87,10 @@ def test_records_carry_stage_timings_and_cache_status(
     assert pinned.cache == "pinned"
     monkeypatch.setenv("CHECKMATE_CACHE", "0")
     assert plan().cache == "disabled"
+    # printed, a record is its summary line, not its graph, schedule and modules (3,501 characters
+    # for a two-layer MLP's)
+    assert repr(first) == str(first) == f"<PlanRecord {first.summary()}>"
+    assert "\n" not in repr(first) and len(repr(first)) < 400, repr(first)
 
 
 _CHILD = """
