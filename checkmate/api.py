@@ -1472,6 +1472,7 @@ def _close_window(state: CheckmateState) -> None:
     if (
         unplanned
         and budget is not None
+        and not state.accumulates  # after it, gradients no plan fits beside were warned of
         and not state.warned_first
         and peak <= STEP_SLACK * budget < peak + unplanned
     ):
@@ -1479,6 +1480,7 @@ def _close_window(state: CheckmateState) -> None:
         # (one over it alone is judged below): warned of at the optimizer step that shows the loop
         # accumulating them (_close_windows_before_step)
         state.over_with_grads = max(state.over_with_grads or (0, 0), (peak + unplanned, unplanned))
+        _OVER.add(state)
     verdict = state.planner.check_step(
         key,
         peak,
@@ -1546,6 +1548,9 @@ def _measure_paths(state: CheckmateState, key: tuple[Any, ...]) -> None:
 
 #: the states whose module found gradients held at a call since the last optimizer step
 _HOLDING: weakref.WeakSet[CheckmateState] = weakref.WeakSet()
+#: the states with a step measured over the budget with gradients its plans were not made beside
+#: (``over_with_grads``), warned of at the step of an optimizer over their parameters
+_OVER: weakref.WeakSet[CheckmateState] = weakref.WeakSet()
 
 
 def _close_windows_before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -1554,6 +1559,7 @@ def _close_windows_before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     for state in list(_OPEN):
         if state.window is not None and state.window.ended:
             _close_window(state)
+    owned: set[int] | None = None
     for state in list(_HOLDING):
         state.accumulates = True
         if state.grad_probe is not None and state.params is not None:
@@ -1563,8 +1569,15 @@ def _close_windows_before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             i, grad = state.grad_probe
             state.planner.grads_late = state.params[i].grad is not grad()
         state.grad_probe = None
-        _warn_first_micro_batches(state)
     _HOLDING.clear()
+    for state in list(_OVER):
+        if owned is None:
+            owned = {id(p) for group in getattr(optimizer, "param_groups", ()) for p in group["params"]}
+        # at the module's own optimizer's step: not at another model's (an earlier one's in the
+        # process, a GAN's other half), which steps none of the gradients it held
+        if any(id(p) in owned for p in state.params or ()):
+            _OVER.discard(state)
+            _warn_first_micro_batches(state)
 
 
 def _warn_first_micro_batches(state: CheckmateState) -> None:

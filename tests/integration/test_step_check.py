@@ -803,6 +803,31 @@ def test_a_loop_calling_backward_again_with_no_optimizer_step_is_planned_as_befo
     assert opt.__dict__["_checkmate_state"].planner.held_grads == 0
 
 
+def test_another_modules_optimizer_step_reports_no_excess_of_a_module_it_does_not_step() -> None:
+    # a module called backward again with no optimizer step (measured 1.03x with the gradients it
+    # held), then another model's optimizer steps: not this module's micro-batches to warn of
+    # (the warning fired there, naming the first module's budget, in a later test of the suite)
+    vocab = 256
+    x, y = _micro_batches(vocab, k=1)[0]
+    model = _head_model(vocab)
+    opt = checkmate.optimize(
+        model, int(0.8 * measure_peak(lambda: _accumulate(copy.deepcopy(model), [(x, y)])))
+    )
+    other = nn.Linear(4, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            nn.functional.cross_entropy(opt(x), y).backward()
+        state = opt.__dict__["_checkmate_state"]
+        assert state.over_with_grads is not None  # the excess was measured, for its own optimizer
+        other(torch.randn(2, 4)).sum().backward()
+        torch.optim.SGD(other.parameters(), lr=0.1).step()
+        assert not [w for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
+        torch.optim.SGD(model.parameters(), lr=0.0).step()  # its own: said now
+    said = [str(w.message) for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
+    assert len(said) == 1 and said[0].startswith(FIRST_MICRO_BATCHES), said
+
+
 def _accumulate_heavy(model: Any, micro: list[tuple[Any, Any]]) -> None:
     for x, y in micro:  # the loss outside the module, several logits-sized tensors (_step)
         _step(model, x, y)
