@@ -987,15 +987,19 @@ def _gradients_held(grads: Iterable[torch.Tensor | None]) -> int:
     if ddp is not None and getattr(ddp, "gradient_as_bucket_view", False):
         return 0
     total = 0
-    for grad in grads:
-        if grad is None:
-            continue
-        grad = getattr(grad, "_local_tensor", grad)  # FSDP2's DTensor: this rank's shard
+    for grad in _local(grads):
         if grad.layout is torch.strided:
             total += grad.nbytes
         else:  # nn.Embedding(sparse=True)
             total += grad._values().nbytes + grad._indices().nbytes
     return total
+
+
+def _local(grads: Iterable[torch.Tensor | None]) -> Iterator[torch.Tensor]:
+    """The gradients of ``grads`` held, FSDP2's DTensors as this rank's shards."""
+    for grad in grads:
+        if grad is not None:
+            yield getattr(grad, "_local_tensor", grad)
 
 
 def _all_zeros(grads: Iterable[torch.Tensor | None]) -> bool:
@@ -1005,10 +1009,7 @@ def _all_zeros(grads: Iterable[torch.Tensor | None]) -> bool:
     backward again) are not, and the first of them read says so: one reduction and one sync
     on a GPU. A sparse gradient (``nn.Embedding(sparse=True)``) counts as not zeros."""
     held = False
-    for grad in grads:
-        if grad is None:
-            continue
-        grad = getattr(grad, "_local_tensor", grad)  # FSDP2's DTensor: this rank's shard
+    for grad in _local(grads):
         if grad.layout is not torch.strided or bool(grad.any()):
             return False
         held = True
@@ -1559,7 +1560,6 @@ def _close_windows_before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     for state in list(_OPEN):
         if state.window is not None and state.window.ended:
             _close_window(state)
-    owned: set[int] | None = None
     for state in list(_HOLDING):
         state.accumulates = True
         if state.grad_probe is not None and state.params is not None:
@@ -1570,6 +1570,7 @@ def _close_windows_before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             state.planner.grads_late = state.params[i].grad is not grad()
         state.grad_probe = None
     _HOLDING.clear()
+    owned: set[int] | None = None
     for state in list(_OVER):
         if owned is None:
             owned = {id(p) for group in getattr(optimizer, "param_groups", ()) for p in group["params"]}
@@ -1596,9 +1597,9 @@ def _warn_first_micro_batches(state: CheckmateState) -> None:
     warnings.warn(
         f"a training step before this first optimizer step measured {format_bytes(peak)}, {peak / budget:.2f}x "
         f"the budget of {format_bytes(budget)}, with the {format_bytes(held)} of gradients that earlier "
-        "micro-batches left, which its plans were not made beside: until an optimizer step came, the "
-        "gradients held could have been a loop's calling backward again to measure it. From the next call "
-        "on, each graph is planned beside them",
+        "micro-batches left, which its plans were not made beside: until an optimizer step came, gradients "
+        "held could have come from a loop calling backward again to measure a step. From the next call on, "
+        "each graph is planned beside them",
         BudgetWarning,
         stacklevel=_caller_level(),
     )

@@ -804,14 +804,15 @@ def test_a_loop_calling_backward_again_with_no_optimizer_step_is_planned_as_befo
 
 
 def test_another_modules_optimizer_step_reports_no_excess_of_a_module_it_does_not_step() -> None:
-    # a module called backward again with no optimizer step (measured 1.03x with the gradients it
-    # held), then another model's optimizer steps: not this module's micro-batches to warn of
-    # (the warning fired there, naming the first module's budget, in a later test of the suite)
+    # a module called backward again with no optimizer step (at 0.7, measured 0.91x the budget
+    # alone, 1.13x with the gradients it held), then another model's optimizer steps: not this
+    # module's micro-batches to warn of (the warning fired there, naming the first module's
+    # budget, in a later test of the suite)
     vocab = 256
     x, y = _micro_batches(vocab, k=1)[0]
     model = _head_model(vocab)
     opt = checkmate.optimize(
-        model, int(0.8 * measure_peak(lambda: _accumulate(copy.deepcopy(model), [(x, y)])))
+        model, int(0.7 * measure_peak(lambda: _accumulate(copy.deepcopy(model), [(x, y)])))
     )
     other = nn.Linear(4, 4)
     with warnings.catch_warnings(record=True) as caught:
