@@ -1299,6 +1299,7 @@ def _compile_again(state: CheckmateState) -> None:
         backend=state.planner.backend(),
         dynamic=False,
         fullgraph=bool(state.settings.get("fullgraph", False)),
+        **_ISOLATED,  # its variants counted apart, as the first compile's
     )
     state.eager_keys.clear()
     state.outside_ddp.clear()
