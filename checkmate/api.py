@@ -174,9 +174,10 @@ class CheckmateState:
     #: the keyword arguments :func:`optimize` was called with (budget included): a copy or an
     #: unpickled module is optimized again with them
     settings: dict[str, Any] = field(default_factory=dict)
-    #: an optimizer step came after a call of the module that found gradients held: the loop
-    #: accumulates them over micro-batches, and from then on gradients held count against a
-    #: byte budget (:attr:`~checkmate.runtime.Planner.held_grads`)
+    #: a call of the module found gradients held with no optimizer step since its last call, or
+    #: an optimizer step came after a call that found some: the loop accumulates them over
+    #: micro-batches, and from then on gradients held count against a byte budget
+    #: (:attr:`~checkmate.runtime.Planner.held_grads`)
     accumulates: bool = False
     #: at a call that found gradients held: a parameter's index and its gradient then, to tell
     #: at the optimizer step whether the loop freed that gradient since (zero_grad between the
@@ -184,6 +185,9 @@ class CheckmateState:
     grad_probe: tuple[int, weakref.ref[torch.Tensor]] | None = field(default=None, repr=False)
     #: an OverheadWarning said that the plans leave room for gradients the loop frees late
     warned_late: bool = False
+    #: the count of optimizer steps (``_OPT_STEPS``) at the module's last training call: a call
+    #: finding gradients held with none since accumulates them (the earlier call's backward made them)
+    steps_at_call: int = -1
     #: a step measured whole, with gradients held at its start that its plans were not made
     #: beside (micro-batches before the loop's first optimizer step): its peak with them, and them
     over_with_grads: tuple[int, int] | None = field(default=None, repr=False)
@@ -691,23 +695,31 @@ def _training_call(
         return out
     unmeasured = False  # a step that cannot be measured whole (below), warned of once
     grads_held = 0
+    steps_before, state.steps_at_call = state.steps_at_call, _OPT_STEPS[0]
     if state.planner.budget.nbytes is not None:
         # gradients accumulated over earlier micro-batches stay through this step, and the budget
         # covers gradients: a Llama (3 layers) accumulating 4 micro-batches at 0.5 of eager's
         # peak over them stepped at 1.02x the budget, unwarned, its plans made beside none.
-        # Counted once an optimizer step came after a call that found some (the loop accumulates
-        # them for it): a loop calling backward again with no optimizer (a test's, a benchmark's
-        # measurements) is planned as before
+        # Counted from the first call that finds them where no optimizer step came since the
+        # module's last call (that call's backward made them: the loop accumulates); found after
+        # an optimizer step, they are counted once the next optimizer step shows the loop adding
+        # to them, not freeing them before its backward (Lightning's order: grads_late)
         if state.params is None:
             state.params = tuple(self.parameters())
             state.fsdp_params = fsdp_params_of(self)
         grads = [*(p.grad for p in state.params), *fsdp_gradients(state.fsdp_params)]
         grads_held = _gradients_held(grads)
-        if grads_held > state.planner.grads_seen and not state.accumulates and _all_zeros(grads):
-            # zeros kept by zero_grad(set_to_none=False): held through this step and every one after,
-            # added to in place (an MLP's step after the first optimizer step ran 1.12x its budget
-            # at 0.6 of eager's peak, unwarned, when they were counted from the next step only)
-            state.accumulates = state.planner.grads_zeroed = True
+        if grads_held > state.planner.grads_seen and not state.accumulates:
+            if _all_zeros(grads):
+                # zeros kept by zero_grad(set_to_none=False): held through this step and every one
+                # after, added to in place (an MLP's step after the first optimizer step ran 1.12x
+                # its budget at 0.6 of eager's peak, unwarned, counted from the next step only)
+                state.accumulates = state.planner.grads_zeroed = True
+            elif steps_before == _OPT_STEPS[0]:
+                # a second micro-batch: its predecessor's gradients held through it (a Hugging Face
+                # GPT-2 accumulating two micro-batches at 0.6 of eager's peak ran its first window
+                # at 1.14x the budget, unwarned, counted from the first optimizer step on)
+                state.accumulates = True
         if grads_held > state.planner.grads_seen and not state.accumulates:
             _HOLDING.add(state)  # accumulating, if an optimizer step comes next
             state.grad_probe = next(
@@ -725,7 +737,8 @@ def _training_call(
                     else "gradients from earlier micro-batches",
                 )
                 state.recompile = True
-    if state.recompile or state.planner.recompile:
+    replanned = state.recompile or state.planner.recompile  # compiled again by checkmate: not counted
+    if replanned:
         # a step measured whole exceeded the budget (room for what is outside), or a backward
         # was given gradients its plan counted as no bytes
         state.recompile = state.planner.recompile = False
@@ -785,7 +798,7 @@ def _training_call(
         if new_signature and not state.warned_shapes:
             _warn_if_shapes_vary(state, key, args, kwargs)
         if not state.warned_recompiles:
-            _warn_if_recompiled(state, time.perf_counter() - start, again=not new_signature)
+            _warn_if_recompiled(state, time.perf_counter() - start, again=not (new_signature or replanned))
     ran = Counter(state.planner.ran)
     if state.window is not None:
         # per call: the module's calls held at once are planned as such (Planner.calls)
@@ -1548,6 +1561,8 @@ def _measure_paths(state: CheckmateState, key: tuple[Any, ...]) -> None:
         )
 
 
+#: optimizer steps taken in the process (counted by :func:`_close_windows_before_step`)
+_OPT_STEPS = [0]
 #: the states whose module found gradients held at a call since the last optimizer step
 _HOLDING: weakref.WeakSet[CheckmateState] = weakref.WeakSet()
 #: the states with a step measured over the budget with gradients its plans were not made beside
@@ -1558,6 +1573,7 @@ _OVER: weakref.WeakSet[CheckmateState] = weakref.WeakSet()
 def _close_windows_before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     """A global optimizer step pre-hook: the measured steps' backwards are over, and a module
     that found gradients held at a call since the last one accumulates them for this step."""
+    _OPT_STEPS[0] += 1
     for state in list(_OPEN):
         if state.window is not None and state.window.ended:
             _close_window(state)
@@ -1584,11 +1600,11 @@ def _close_windows_before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 def _warn_first_micro_batches(state: CheckmateState) -> None:
     """Once, the :class:`BudgetWarning` that a step measured before the loop's first optimizer
-    step (a micro-batch after the first) exceeded the byte budget with the gradients the earlier
-    micro-batches left, which its plans were not made beside: until an optimizer step shows
-    the loop accumulating them, a call finding gradients held could be a loop calling backward
-    again to measure a step. Not for a loop that frees them between the forward and the
-    backward (``grads_late``): its steps hold them through the forward only."""
+    step exceeded the byte budget with the gradients held at its start, which its plans were
+    not made beside: found after another optimizer step (another model's) than at the module's
+    last call, they could have been freed before the backward, as a loop calling ``zero_grad``
+    between the forward and the backward frees them. Not for such a loop (``grads_late``):
+    its steps hold them through the forward only."""
     over, state.over_with_grads = state.over_with_grads, None
     budget = state.planner.budget.nbytes
     if over is None or budget is None or state.planner.grads_late or state.warned_first:
@@ -1598,9 +1614,9 @@ def _warn_first_micro_batches(state: CheckmateState) -> None:
     warnings.warn(
         f"a training step before this first optimizer step measured {format_bytes(peak)}, {peak / budget:.2f}x "
         f"the budget of {format_bytes(budget)}, with the {format_bytes(held)} of gradients that earlier "
-        "micro-batches left, which its plans were not made beside: until an optimizer step came, gradients "
-        "held could have come from a loop calling backward again to measure a step. From the next call on, "
-        "each graph is planned beside them",
+        "micro-batches left, which its plans were not made beside: found after another optimizer's step, "
+        "they could have been freed before the backward (zero_grad between the forward and the backward). "
+        "From the next call on, each graph is planned beside them",
         BudgetWarning,
         stacklevel=_caller_level(),
     )

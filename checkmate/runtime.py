@@ -1761,8 +1761,11 @@ class Planner:
         the module."""
         budget = self.budget.nbytes
         # gradients accumulated before the step stay through it: the step has the rest (of
-        # those its plans were made beside; the others were warned of)
-        grads_held = min(grads_held, self.held_grads)
+        # those its plans were made beside; the others were warned of). Those of a loop that
+        # accumulates them, at its first micro-batch too, which holds none yet: its plans run
+        # at the next ones beside them (a micro-batch measured within the whole budget so, its
+        # plan given less room than the loss outside it measured, stepped the others at 1.15x)
+        grads_held = min(grads_held, self.held_grads) if self.grads_late else self.held_grads
         asked = None if budget is None else max(budget - grads_held, 1)
         graphs = self.latest.get(step, [])
         of = (  # what the step is measured against, in words

@@ -487,6 +487,7 @@ def test_a_step_compiled_again_at_the_same_input_sizes_warns_once_naming_the_gua
     x = torch.randn(4, 16, 32)
 
     def call(masked: int) -> list[str]:
+        opt.zero_grad()  # no gradients accumulated (a call finding them compiles again)
         labels = torch.full((4, 16), -100)
         labels.view(-1)[:masked] = torch.arange(masked) % 100  # a count of its own at each call
         with warnings.catch_warnings(record=True) as caught:
