@@ -718,7 +718,7 @@ def _training_call(
             elif steps_before == _OPT_STEPS[0]:
                 # a second micro-batch: its predecessor's gradients held through it (a Hugging Face
                 # GPT-2 accumulating two micro-batches at 0.6 of eager's peak ran its first window
-                # at 1.14x the budget, unwarned, counted from the first optimizer step on)
+                # at 1.11x the budget, unwarned, counted from the first optimizer step on)
                 state.accumulates = True
         if grads_held > state.planner.grads_seen and not state.accumulates:
             _HOLDING.add(state)  # accumulating, if an optimizer step comes next
@@ -1573,6 +1573,11 @@ _OVER: weakref.WeakSet[CheckmateState] = weakref.WeakSet()
 def _close_windows_before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     """A global optimizer step pre-hook: the measured steps' backwards are over, and a module
     that found gradients held at a call since the last one accumulates them for this step."""
+    # counted before the step: PyTorch Lightning's optimizer.step(closure) runs a forward after
+    # the pre-hooks, so under accumulate_grad_batches the next window's first call finds gradients
+    # held with no step counted since, and the loop is taken as accumulating: planned beside them
+    # through the whole step, as its later micro-batches hold them (taken for a loop freeing them
+    # late at every call, planned beside the forward only, those ran 1.18x the budget)
     _OPT_STEPS[0] += 1
     for state in list(_OPEN):
         if state.window is not None and state.window.ended:
@@ -1601,10 +1606,10 @@ def _close_windows_before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 def _warn_first_micro_batches(state: CheckmateState) -> None:
     """Once, the :class:`BudgetWarning` that a step measured before the loop's first optimizer
     step exceeded the byte budget with the gradients held at its start, which its plans were
-    not made beside: found after another optimizer step (another model's) than at the module's
-    last call, they could have been freed before the backward, as a loop calling ``zero_grad``
-    between the forward and the backward frees them. Not for such a loop (``grads_late``):
-    its steps hold them through the forward only."""
+    not made beside: found at a call that came after an optimizer step (another model's), they
+    could have been freed before the backward, as a loop calling ``zero_grad`` between the
+    forward and the backward frees them. Not for such a loop (``grads_late``): its steps hold
+    them through the forward only."""
     over, state.over_with_grads = state.over_with_grads, None
     budget = state.planner.budget.nbytes
     if over is None or budget is None or state.planner.grads_late or state.warned_first:

@@ -782,6 +782,48 @@ def test_gradients_a_loop_frees_between_the_forward_and_the_backward_are_planned
         assert planner.held_grads == 0
 
 
+def test_lightnings_accumulation_order_is_planned_beside_the_gradients_through_the_whole_step() -> None:
+    # accumulate_grad_batches=2 in PyTorch Lightning's order: a window's first micro-batch zeroes
+    # the gradients between its forward and its backward, the second runs inside
+    # optimizer.step(closure), after the step's pre-hooks, holding the first's gradients through
+    # its whole step. Taken for a loop freeing them late at every call (planned beside its
+    # forward only), the second micro-batches measured 1.18x the budget, unwarned
+    torch.manual_seed(0)
+    model = _LossInside()
+    g = torch.Generator().manual_seed(0)
+    data = [tuple(torch.randint(0, 4000, (8, 64), generator=g) for _ in range(2)) for _ in range(12)]
+    grads = sum(p.numel() * p.element_size() for p in model.parameters())
+
+    def window(m: Any, sgd: Any, micro: list[Any], measure: bool = False) -> int:
+        loss = m(*micro[0])
+        sgd.zero_grad()
+        (loss / 2).backward()
+
+        def closure() -> Any:
+            loss = m(*micro[1])
+            (loss / 2).backward()
+            return loss
+
+        if measure:  # the first micro-batch's gradients held at its start: not in the peak measured
+            return measure_peak(lambda: sgd.step(closure)) + grads
+        sgd.step(closure)
+        return 0
+
+    eager = copy.deepcopy(model)
+    sgd_eager = torch.optim.SGD(eager.parameters(), lr=0.0)
+    window(eager, sgd_eager, data[:2])
+    budget = int(0.8 * window(eager, sgd_eager, data[2:4], measure=True))
+    opt = checkmate.optimize(model, budget, time_limit=5)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        peaks = [window(opt, sgd, data[2 * w : 2 * w + 2], measure=w >= 3) for w in range(6)]
+    assert not [w for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
+    assert opt.__dict__["_checkmate_state"].planner.held_grads == grads
+    ratios = [round(p / budget, 3) for p in peaks if p]
+    assert max(ratios) <= STEP_SLACK, f"{ratios}x the budget"
+
+
 def test_a_loop_calling_backward_again_with_no_optimizer_step_is_planned_beside_its_gradients() -> None:
     # gradients held at a call with no optimizer step since the module's last one: its backward
     # left them, and they stay through this step. Planned beside none (counted only once an
@@ -807,15 +849,16 @@ def test_a_loop_calling_backward_again_with_no_optimizer_step_is_planned_beside_
 
 def test_another_modules_optimizer_step_reports_no_excess_of_a_module_it_does_not_step() -> None:
     # a module's second micro-batch comes after another model's optimizer step: the gradients it
-    # holds are not yet known to be accumulated for its own (at 0.7 it measured 0.91x the budget
-    # alone, 1.13x with them). Another model's optimizer step does not report that excess (it
-    # fired there, naming the first module's budget, in a later test of the suite); the
-    # module's own does
+    # holds are not yet known to be accumulated for its own (at 0.6 it measured 0.89x the budget
+    # alone, 1.14x with them: near the least peak, any plan is over with them, where at 0.7 a
+    # plan found under load could fit). Another model's optimizer step does not report that
+    # excess (it fired there, naming the first module's budget, in a later test of the suite);
+    # the module's own does
     vocab = 256
     x, y = _micro_batches(vocab, k=1)[0]
     model = _head_model(vocab)
     opt = checkmate.optimize(
-        model, int(0.7 * measure_peak(lambda: _accumulate(copy.deepcopy(model), [(x, y)]))), time_limit=5
+        model, int(0.6 * measure_peak(lambda: _accumulate(copy.deepcopy(model), [(x, y)]))), time_limit=5
     )
     other = nn.Linear(4, 4)
     other_sgd = torch.optim.SGD(other.parameters(), lr=0.1)
