@@ -1583,13 +1583,18 @@ def _close_windows_before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         if state.window is not None and state.window.ended:
             _close_window(state)
     for state in list(_HOLDING):
-        state.accumulates = True
-        if state.grad_probe is not None and state.params is not None:
+        # not for a loop found accumulating since (a call finding them with no step between):
+        # under Lightning's accumulate_grad_batches the window's first micro-batch frees them
+        # late and the later ones hold them through; read as late, the plans made after it (a
+        # new shape) left them room through the forward only, and the later micro-batches
+        # stepped at 1.11x the budget
+        if state.grad_probe is not None and state.params is not None and not state.accumulates:
             # a gradient the loop freed (set to None) after the call began, and the backward made
             # again: it frees them between the forward and the backward (accumulated gradients are
             # added to in place, and a loop that frees them before the forward holds none)
             i, grad = state.grad_probe
             state.planner.grads_late = state.params[i].grad is not grad()
+        state.accumulates = True
         state.grad_probe = None
     _HOLDING.clear()
     owned: set[int] | None = None
