@@ -189,7 +189,8 @@ class CheckmateState:
     #: finding gradients held with none since accumulates them (the earlier call's backward made them)
     steps_at_call: int = -1
     #: a step measured whole, with gradients held at its start that its plans were not made
-    #: beside (micro-batches before the loop's first optimizer step): its peak with them, and them
+    #: beside (found at a call after another model's optimizer step, before the module's own
+    #: showed them accumulated): its peak with them, and them
     over_with_grads: tuple[int, int] | None = field(default=None, repr=False)
     #: a step measured over the budget was warned of before any optimizer step came: the first
     #: micro-batches' excess is not warned of again (:func:`_warn_first_micro_batches`)
