@@ -377,9 +377,7 @@ def optimize(
         own_forward = (own.__func__, True)
     else:
         eager, own_forward = own, (own, False)
-    compiled = torch.compile(
-        eager, backend=planner.backend(), dynamic=False, fullgraph=fullgraph, **_ISOLATED
-    )
+    compiled = _compile_step(eager, planner, fullgraph)
     new.__dict__[_STATE] = CheckmateState(
         planner=planner, eager=eager, compiled=compiled, settings=settings, own_forward=own_forward
     )
@@ -1300,6 +1298,15 @@ _INTERNAL = (
 )
 
 
+def _compile_step(forward: Callable[..., Any], planner: Planner, fullgraph: bool) -> Callable[..., Any]:
+    """``torch.compile`` of an optimized module's forward: the planner its backend, shapes
+    static, its variants counted apart from every other compile's (:data:`_ISOLATED`). The one
+    place both the first compile and :func:`_compile_again` make it: the second, made without
+    ``isolate_recompiles``, shared torch's one wrapper of its own module classes with every
+    ``torch.compile``d module, and past Dynamo's limit ran its step eagerly, unplanned."""
+    return torch.compile(forward, backend=planner.backend(), dynamic=False, fullgraph=fullgraph, **_ISOLATED)
+
+
 def _compile_again(state: CheckmateState) -> None:
     """A fresh torch.compile of the step (a code object of its own: Dynamo compiles it anew at
     the next call, and the planner plans it again), for a step planned outside DDP's forward
@@ -1308,13 +1315,7 @@ def _compile_again(state: CheckmateState) -> None:
     byte budget together (each is then planned with the others beside it)."""
     eager = state.eager
     fresh = _own_function(eager.__func__).__get__(eager.__self__)  # type: ignore[attr-defined]
-    state.compiled = torch.compile(
-        fresh,
-        backend=state.planner.backend(),
-        dynamic=False,
-        fullgraph=bool(state.settings.get("fullgraph", False)),
-        **_ISOLATED,  # its variants counted apart, as the first compile's
-    )
+    state.compiled = _compile_step(fresh, state.planner, bool(state.settings.get("fullgraph", False)))
     state.eager_keys.clear()
     state.outside_ddp.clear()
     # every input signature is planned again, each step is measured again: a short batch measured
