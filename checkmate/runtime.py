@@ -142,7 +142,8 @@ CHECKPOINTED = (
     "recompute itself and does not follow the regions, so the budget's fraction ({fraction:g}) is of the "
     "step's peak keeping every value, the regions' included ({peak}), not of the checkpointed step's, and "
     "can allow more memory than the checkpoint calls held. Pass the budget in bytes (the checkpointed "
-    "step's peak, measured with checkmate.memory.measure_peak, or less), or remove the checkpoint calls"
+    "step's peak, measured with checkmate.memory.measure_peak, or less), or remove the checkpoint calls (a "
+    "Hugging Face model: model.gradient_checkpointing_disable(); with its Trainer, leave gradient_checkpointing off)"
 )
 #: plans made at most for a step whose backward runs again through one forward's graph
 RETAINED_TRIES = 4
@@ -447,6 +448,8 @@ class Planner:
         checkpoint_warning: a :class:`BudgetWarning` for the caller to issue, once: under a
             fraction, the step runs ``torch.utils.checkpoint`` regions, which checkmate does not
             follow (:data:`CHECKPOINTED`).
+        checkpointed: ops of ``torch.utils.checkpoint`` regions in the graphs compiled so far
+            (captured whole by Dynamo, planned as any other op).
         grads_warning: a :class:`BudgetWarning` for the caller to issue, once: no plan fits
             beside the gradients held (:meth:`_without_held_grads`).
         pending_held: while the call that found more calls held at once compiles, what the
@@ -516,6 +519,7 @@ class Planner:
     grads_warning: str | None = field(default=None, repr=False)
     checkpoint_warning: str | None = field(default=None, repr=False)
     warned_checkpoint: bool = field(default=False, repr=False)
+    checkpointed: int = field(default=0, repr=False)
     warned_grads: bool = field(default=False, repr=False)
     warned_calls: bool = field(default=False, repr=False)
     warned_runs: bool = field(default=False, repr=False)
@@ -1597,6 +1601,7 @@ class Planner:
         tagged = sum(1 for n in joint.graph.nodes if n.meta.get("recompute") is not None)
         if not tagged:
             return
+        self.checkpointed += tagged
         log.info(
             "graph %d: %d ops in torch.utils.checkpoint regions, planned as the others (the regions are not followed)",
             index,
@@ -2388,6 +2393,7 @@ class Planner:
                 res = None
         if res is None:
             res = run(Budget(nbytes=ref))  # keep-all fits its own peak
+        assert fraction is not None  # a byte budget raised above
         why = (
             "The step goes on after it (a graph break), and it is the largest graph of the step so "
             "far: unless a graph after it is twice its size, InfeasibleBudgetError is raised when "
@@ -2398,7 +2404,13 @@ class Planner:
         )
         warnings.warn(
             f"graph {len(self.records)} ({graph.n - 1} ops, keep-all peak {format_bytes(ref)}) has no "
-            f"schedule at the {fraction:.0%} asked ({format_bytes(asked)}); it is planned at "
+            + (
+                f"schedule at the {fraction:.0%} asked ({format_bytes(asked)})"
+                if asked <= (fraction + 0.01) * ref  # a larger shape's bytes can raise it (partition)
+                else f"schedule at {format_bytes(asked)} ({asked / max(ref, 1):.0%} of its peak, raised for it above "
+                f"the {fraction:.0%} asked)"
+            )
+            + "; it is planned at "
             f"{format_bytes(res.budget)} ({res.budget / max(ref, 1):.0%} of its peak) instead. {why}",
             BudgetWarning,
             stacklevel=2,
