@@ -2387,6 +2387,9 @@ class Planner:
             # it may be larger (a feature extractor before its encoder), so it is planned above
             # the fraction now, and the error stands only if none of them is twice its size
             unsettled = fraction is not None and 2 * ref > largest and self.more_follows
+            if reserve and (fraction is None or 2 * ref > largest):  # raised, now or when the step settles
+                # the bytes in the message are the graph's own: say where the rest went
+                exc.add_note(_reserve_note(reserve, ref, fraction, exc.minimum))
             if unsettled:
                 exc.add_note(
                     f"graph {len(self.records)} of this step is followed by more of the step (a graph "
@@ -2396,12 +2399,6 @@ class Planner:
                 pending = _Unsettled(len(self.records), ref, exc.with_traceback(None))
                 self.unsettled.setdefault(self.step, []).append(pending)
             elif fraction is None or 2 * ref > largest:
-                if reserve:  # the bytes in the message are the graph's own: say where the rest went
-                    exc.add_note(
-                        f"{format_bytes(reserve)} of the budget asked is held beside this graph (DDP's "
-                        "gradient buckets, FSDP2's unsharded parameters, what graphs before it in the step "
-                        "keep for their backward, the module's other calls held at once) and was taken off it"
-                    )
                 raise
             asked, minimum = exc.budget, exc.minimum
         res: SolveResult | None = None
@@ -2424,7 +2421,13 @@ class Planner:
         warnings.warn(
             f"graph {len(self.records)} ({graph.n - 1} ops, keep-all peak {format_bytes(ref)}) has no "
             + (
-                f"schedule at the {fraction:.0%} asked ({format_bytes(asked)})"
+                f"schedule at the {fraction:.0%} asked ({format_bytes(asked)}"
+                + (
+                    f": its bytes less {format_bytes(reserve)} {_RESERVED}"
+                    if reserve and asked < fraction * ref
+                    else ""
+                )
+                + ")"
                 if asked <= (fraction + 0.01) * ref  # a larger shape's bytes can raise it (partition)
                 else f"schedule at {format_bytes(asked)} ({asked / max(ref, 1):.0%} of its peak, raised for it above "
                 f"the {fraction:.0%} asked)"
@@ -2435,6 +2438,26 @@ class Planner:
             stacklevel=2,
         )
         return res, asked
+
+
+#: what a byte budget's reserve beside a graph holds, in words (:meth:`Planner._plan`)
+_RESERVED = (
+    "held beside this graph: DDP's gradient buckets, FSDP2's unsharded parameters, what graphs before it in "
+    "the step keep for their backward, the module's other calls held at once"
+)
+
+
+def _reserve_note(reserve: int, ref: int, fraction: float | None, minimum: float | None) -> str:
+    """The note of an :class:`InfeasibleBudgetError` whose bytes were taken ``reserve`` off
+    (:meth:`Planner._plan`); under a fraction, the fraction of the graph's keep-all peak
+    ``ref`` that leaves it ``minimum`` (the least peak found)."""
+    note = f"{format_bytes(reserve)} of the budget asked is {_RESERVED}, and was taken off it"
+    if fraction is not None and minimum is not None and ref > 0:
+        note += (
+            f"; as a fraction, at least {(minimum + reserve) / ref:.1%} of this graph's keep-all peak leaves it the "
+            "least peak found"
+        )
+    return note
 
 
 def _measured_alone(records: Sequence[PlanRecord]) -> int | None:

@@ -110,7 +110,11 @@ def test_isolated_lp_keeps_a_tiny_time_limit() -> None:
     t0 = time.perf_counter()
     res = highs.solve(problem, relax=True, time_limit=limit)
     wall = time.perf_counter() - t0
-    assert wall <= limit + highs.kill_grace(limit) + 0.5, f"{wall:.1f} s for a {limit} s limit"
+    # the solve's own seconds, from the worker's start to its answer or its kill: what the limit
+    # bounds (the wall time adds the caller's conversion of the matrix, which a loaded machine
+    # slows: 2.2 s in one CI run on a busy host, not the solve overrunning)
+    assert res.seconds <= limit + highs.kill_grace(limit) + 0.5, f"{res.seconds:.1f} s for a {limit} s limit"
+    assert wall <= limit + highs.kill_grace(limit) + 5.0, f"{wall:.1f} s in all"  # no hang
     # stopped at the limit: a clear status, not an exception (a machine that solves the LP
     # within 0.5 s returns it)
     if res.status == Status.OPTIMAL:
