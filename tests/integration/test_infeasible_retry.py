@@ -11,6 +11,7 @@ the least peak found, in one call.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -211,6 +212,46 @@ def test_an_infeasible_budget_says_what_was_held_beside_the_graph(monkeypatch: p
     with pytest.raises(InfeasibleBudgetError) as caught:
         opt(torch.randn(8, 3, 16, 16)).sum().backward()
     assert any("3.00 MiB of the budget asked is held beside this graph" in n for n in caught.value.__notes__)
+
+
+class _BrokenCNN(nn.Module):
+    """A CNN whose head runs after a graph break: its body's plan is settled with the step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = SmallCNN(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        torch._dynamo.graph_break()
+        return h.square()
+
+
+def test_an_infeasible_fraction_settled_with_the_step_says_what_was_held_and_the_fraction_that_fits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # raised when the step's forward returns (a graph break followed the graph): the note on
+    # what was held beside it was missing, and the least peak's fraction it named (of the
+    # graph's keep-all peak) failed again, DDP's buckets taken off it once more
+    import checkmate.runtime
+
+    monkeypatch.setenv("CHECKMATE_CACHE", "0")
+    monkeypatch.setattr(checkmate.runtime, "ddp_reserve", lambda: 1 << 20)
+    x = torch.randn(8, 3, 16, 16)
+    torch.manual_seed(0)
+    opt = checkmate.optimize(_BrokenCNN().train(), 0.6, time_limit=2)
+    with pytest.raises(InfeasibleBudgetError) as caught:
+        opt(x).sum().backward()
+    notes = "\n".join(caught.value.__notes__)
+    assert "1.00 MiB of the budget asked is held beside this graph" in notes, notes
+    assert "followed by more of the step" in notes
+    found = re.search(r"as a fraction, at least ([0-9.]+)% of this graph's keep-all peak", notes)
+    assert found, notes
+    fits = float(found.group(1)) / 100 + 0.005
+    torch.manual_seed(0)
+    again = checkmate.optimize(_BrokenCNN().train(), fits, time_limit=2)
+    again(x).sum().backward()  # the fraction named fits
+    assert checkmate.plans_of(again)
 
 
 class LossAndLogits(nn.Module):
