@@ -619,11 +619,17 @@ def _warn_if_checkpointing(module: nn.Module, state: CheckmateState, captured: b
         f"{type(module).__name__} has Hugging Face gradient checkpointing on (in {type(on).__name__}), "
         "and torch.compile captured none of its checkpointed layers in the step's graphs: checkmate plans "
         "the pieces of the step around them, the pieces together may exceed the budget, and every layer "
-        "is recomputed besides what the plan recomputes. checkmate chooses what to recompute itself: call "
-        "model.gradient_checkpointing_disable() (with the Trainer, leave gradient_checkpointing off)",
+        f"is recomputed besides what the plan recomputes. {_CHECKPOINTING_OFF}",
         BudgetWarning,
         stacklevel=_caller_level(),
     )
+
+
+#: what to do with Hugging Face gradient checkpointing, in words (the warnings that find it on)
+_CHECKPOINTING_OFF = (
+    "checkmate chooses what to recompute itself: call model.gradient_checkpointing_disable() (with the Trainer, "
+    "leave gradient_checkpointing off)"
+)
 
 
 def _hf_checkpointing(module: nn.Module) -> nn.Module | None:
@@ -905,9 +911,8 @@ def _training_call(
         elif checkpointing := _hf_checkpointing(self):
             why = (
                 f"Hugging Face gradient checkpointing is on (in {type(checkpointing).__name__}), and Dynamo runs the "
-                "whole forward eagerly when it cannot capture a checkpointed layer (a graph break inside one). "
-                "checkmate chooses what to recompute itself: call model.gradient_checkpointing_disable() (with "
-                "the Trainer, leave gradient_checkpointing off)"
+                f"whole forward eagerly when it cannot capture a checkpointed layer (a graph break inside one). "
+                f"{_CHECKPOINTING_OFF}"
             )
         elif rnn := _rnn_skipped(self):
             why = (

@@ -1808,14 +1808,8 @@ class Planner:
             # at the least, what the step measured beyond its plans' simulated peak (the loss
             # held beside it); measured over the budget after, it is planned again once more
             guess = self.loss_guess.pop(step)
-            # the module's own part: one call's peak, beside what its earlier calls hold (calls)
-            planned = max(
-                (p + (self.calls - 1) * b for b, p, _ in (_held_bytes(self.records[i]) for i in graphs)),
-                default=0,
-            )
             # beside the module's run (the loss's bytes at the boundary are not: below)
-            running = apart if apart is not None and self.calls == 1 else peak
-            self.outside[step] = max(running - planned, 0)
+            self.outside[step] = self._beside_run(graphs, peak, apart)
             if boundary is not None and self.calls == 1:
                 # what it held between the forward and the backward (where the loss runs) beyond
                 # the plans' boundary: room there only. Planned again without it, a TinyTransformer
@@ -1913,17 +1907,17 @@ class Planner:
             )
         if step not in self.outside or step in self.given_back:
             self.given_back.discard(step)
-            self.outside[step] = beyond  # at least what it held at the boundary, beyond the plans'
-            self.outside_boundary.pop(step, None)
-            beside_run = self._running_outside(graphs, apart, boundary)
-            if beside_run is not None:
+            if apart is not None and boundary is not None and self.calls == 1:
                 # measured apart: what was held beside the module while it ran is room beside the
                 # whole step, the rest only at its boundary, where the loss runs. All of it beside
                 # the whole step, a segmentation net whose loss outside held 22.53 MiB at its
                 # boundary, at 0.8 of eager's peak, had no plan (below what one op needs) and stepped
                 # at 1.10x the budget, where plans holding less at the boundary fit (0.99x)
-                self.outside[step] = beside_run
-                self.outside_boundary[step] = max(beyond - beside_run, 0)
+                self.outside[step] = self._beside_run(graphs, peak, apart)
+                self.outside_boundary[step] = max(beyond - self.outside[step], 0)
+            else:
+                self.outside[step] = beyond  # at least what it held at the boundary, beyond the plans'
+                self.outside_boundary.pop(step, None)
             log.info(
                 "the training step measured %s, over its budget of %s: about %s is held outside the "
                 "module between its forward and backward; compiling it again at the next call with that room",
@@ -1949,15 +1943,17 @@ class Planner:
             f"or raise the budget to {format_bytes(peak + grads_held)}"
         )
 
-    def _running_outside(self, graphs: Sequence[int], apart: int | None, boundary: int | None) -> int | None:
-        """Of a step measured whole over its budget (:meth:`check_step`), the bytes held beside
-        the module while it ran: its peak outside the forward/backward boundary (``apart``)
-        beyond its plans' simulated peak. None where the step was not measured apart from its
-        boundary (``boundary``), or the module is called more than once in it."""
-        if apart is None or boundary is None or self.calls != 1:
-            return None
-        planned = max((_held_bytes(self.records[i])[1] for i in graphs), default=0)
-        return max(apart - planned, 0)
+    def _beside_run(self, graphs: Sequence[int], peak: int, apart: int | None) -> int:
+        """Of a step measured whole (:meth:`check_step`) at ``peak``, the bytes held beside the
+        module while it ran: its peak outside the forward/backward boundary (``apart``, where
+        measured for a module called once; else the step's peak) beyond the plans' own (one
+        call's simulated peak, beside what its earlier calls hold at their boundaries)."""
+        planned = max(
+            (p + (self.calls - 1) * b for b, p, _ in (_held_bytes(self.records[i]) for i in graphs)),
+            default=0,
+        )
+        running = apart if apart is not None and self.calls == 1 else peak
+        return max(running - planned, 0)
 
     def _overran(self, peak: int, asked: int, of: str, why: str, room: str, advice: str) -> None:
         """Once, the :class:`BudgetWarning` (``overrun_warning``, for the caller to issue) that
@@ -2418,22 +2414,16 @@ class Planner:
             else f"It is at most half the largest graph of this step ({format_bytes(largest)}), which "
             "sets the step's peak; pass the budget in bytes to make this an error"
         )
+        if asked > (fraction + 0.01) * ref:  # a larger shape's bytes raised it (partition)
+            at = f"{format_bytes(asked)} ({asked / max(ref, 1):.0%} of its peak, raised for it above the {fraction:.0%} asked)"
+        elif reserve and asked < fraction * ref:
+            at = f"the {fraction:.0%} asked ({format_bytes(asked)}: its bytes less {format_bytes(reserve)} {_RESERVED})"
+        else:
+            at = f"the {fraction:.0%} asked ({format_bytes(asked)})"
         warnings.warn(
-            f"graph {len(self.records)} ({graph.n - 1} ops, keep-all peak {format_bytes(ref)}) has no "
-            + (
-                f"schedule at the {fraction:.0%} asked ({format_bytes(asked)}"
-                + (
-                    f": its bytes less {format_bytes(reserve)} {_RESERVED}"
-                    if reserve and asked < fraction * ref
-                    else ""
-                )
-                + ")"
-                if asked <= (fraction + 0.01) * ref  # a larger shape's bytes can raise it (partition)
-                else f"schedule at {format_bytes(asked)} ({asked / max(ref, 1):.0%} of its peak, raised for it above "
-                f"the {fraction:.0%} asked)"
-            )
-            + "; it is planned at "
-            f"{format_bytes(res.budget)} ({res.budget / max(ref, 1):.0%} of its peak) instead. {why}",
+            f"graph {len(self.records)} ({graph.n - 1} ops, keep-all peak {format_bytes(ref)}) has no schedule at "
+            f"{at}; it is planned at {format_bytes(res.budget)} ({res.budget / max(ref, 1):.0%} of its peak) "
+            f"instead. {why}",
             BudgetWarning,
             stacklevel=2,
         )
