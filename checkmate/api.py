@@ -754,6 +754,8 @@ def _training_call(
                     else "gradients from earlier micro-batches",
                 )
                 state.recompile = True
+    if state.planner.unobserved:  # graphs that fit together where the loop drops what they hand on
+        state.planner.judge_split()
     replanned = state.recompile or state.planner.recompile  # compiled again by checkmate: not counted
     if replanned:
         # a step measured whole exceeded the budget (room for what is outside), or a backward

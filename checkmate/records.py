@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import torch
+
 from checkmate.codegen import SplitModules
 from checkmate.compiled import Calibration
 from checkmate.trace import JointGraph
@@ -58,6 +60,11 @@ class PlanRecord:
         compiler: what compiled its halves: ``"aot"`` or ``"inductor"``.
         compiled: with ``"inductor"``, the plans measured compiled and the one kept
             (:mod:`checkmate.compiled`); None when none was measured.
+        loose: the outputs its backward does not read, which a loop may drop (a language
+            model's logits handed to a loss after a graph break): size and dtype -> bytes
+            (:func:`checkmate.split.loose_outputs`).
+        input_grads: the bytes of its gradients of inputs an earlier graph of the step made,
+            handed to that graph's backward (:func:`checkmate.split.input_gradients`).
     """
 
     index: int
@@ -72,6 +79,8 @@ class PlanRecord:
     reused_from: int | None = None
     compiler: str = "aot"
     compiled: Calibration | None = None
+    loose: Mapping[tuple[tuple[int, ...], torch.dtype], int] = field(default_factory=dict)
+    input_grads: int = 0
 
     @property
     def budget(self) -> int | None:

@@ -43,6 +43,7 @@ import types
 import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,14 @@ from checkmate.families import family_target, larger_shape_budget, plan_ahead, r
 from checkmate.records import HELD_TO, KEEPS_ALL, PlanRecord, overhead
 from checkmate.rng import replay_dropout_draws
 from checkmate.scratch import flush_scratch, held_beyond, prefetch_scratch, scratch_bytes
+from checkmate.split import (
+    OutputWatch,
+    gradient_bytes,
+    input_gradients,
+    loose_outputs,
+    share_of,
+    step_estimates,
+)
 from checkmate.stepcheck import STEP_SLACK, abort_windows
 from checkmate.tangents import (
     MadeZeros,
@@ -461,6 +470,14 @@ class Planner:
             whole exceeded the budget, and the module is compiled again with room for what it
             found (:meth:`_overran`); the steps before that one ran over the budget, unwarned.
         profile_id: the cost profile of the graph planned last (what :meth:`ran_more` plans with).
+        made_inputs: per input of the graph being compiled, whether autograd made it (an
+            earlier graph's output): its gradient is handed to that graph's backward.
+        watch: the outputs this call's graphs handed on that their backwards do not read
+            (:class:`checkmate.split.OutputWatch`), watched at the later graphs' backwards.
+        dropped_seen: (step signature, position of a graph in its call) -> the least bytes of
+            those found gone as that graph's backward started (:meth:`observe`).
+        unobserved: step signature -> the profile id of a step whose graphs fit together only
+            where the loop drops those outputs, until its backward says (:meth:`judge_split`).
     """
 
     budget: Budget
@@ -528,6 +545,10 @@ class Planner:
     overrun_warning: str | None = field(default=None, repr=False)
     warned_overrun: bool = field(default=False, repr=False)
     profile_id: str | None = field(default=None, repr=False)
+    made_inputs: tuple[bool, ...] = field(default=(), repr=False)
+    watch: OutputWatch = field(default_factory=OutputWatch, repr=False)
+    dropped_seen: dict[tuple[object, int], int] = field(default_factory=dict, repr=False)
+    unobserved: dict[object, str] = field(default_factory=dict, repr=False)
     #: record index -> its graph's structure, for :meth:`ran_more` (called after every call
     #: where steps are not measured whole)
     _structures: dict[int, Hashable] = field(default_factory=dict, repr=False)
@@ -546,6 +567,7 @@ class Planner:
         self.step = signature
         self.call = []
         self.ran = []
+        self.watch = OutputWatch()
         self.settle()  # a step whose plan does not meet the fraction asked raises at every call
 
     def settle(self) -> None:
@@ -620,8 +642,8 @@ class Planner:
         # its least peak its other runs hold at least those
         return tuple(
             (
-                _gradient_bytes(graph) * r,
-                self._least_peak(graph, profile_id) + (r - 1) * _gradient_bytes(graph) if k else 0,
+                gradient_bytes(graph) * r,
+                self._least_peak(graph, profile_id) + (r - 1) * gradient_bytes(graph) if k else 0,
             )
             for k, (graph, r) in enumerate(zip(graphs, runs))
         )
@@ -669,6 +691,9 @@ class Planner:
             if compile_id is not None:  # Dynamo's guard failures name the compiles they come from
                 self.compile_ids.add(str(compile_id))
             self.more_follows = ends_at_graph_break(gm) or called_from_model_code()
+            self.made_inputs = tuple(
+                isinstance(x, torch.Tensor) and x.grad_fn is not None for x in example_inputs
+            )
             before = len(self.records)
             step = inner(gm, example_inputs, **configs)
             if len(self.records) == before:  # nothing planned (no backward): not counted
@@ -681,13 +706,43 @@ class Planner:
                 # step to compile the next: counted so, every graph of a compiling call under DDP
                 # ran twice, and on the CPU (steps not measured) a recompile of the step (for
                 # gradients held) planned every graph for two runs beside each other
-                if torch._C._get_dispatch_mode(_FAKE_MODE) is None:
-                    self.ran.append(index)
-                return step(*args)
+                if torch._C._get_dispatch_mode(_FAKE_MODE) is not None:
+                    return step(*args)
+                self.ran.append(index)
+                return step(*args) if self.budget.nbytes is None else self._watched(index, step, args)
 
             return counted
 
         return compile_graph
+
+    def _watched(self, index: int, step: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """``step(*args)``, record ``index``'s graph run in a call under a byte budget, its
+        outputs' backward watched: where the graphs before it in the call handed on outputs
+        their backwards do not read, its backward's start says how many bytes of them the
+        loop dropped (:meth:`observe`; none where a graph ran twice in the call: its other
+        runs hold them); its own such outputs are watched for the graphs after it."""
+        graphs = self.latest.get(self.step, ())
+        position = graphs.index(index) if index in graphs else 0
+        earlier = self.watch.snapshot() if self.watch.refs and len(set(self.ran)) == len(self.ran) else None
+        if position and earlier is None:
+            self.observe(self.step, position, 0)
+        loose = self.records[index].loose
+        if earlier is None and not loose:
+            return step(*args)
+        made = (
+            grad_fns(_flat(args)) if earlier is not None else frozenset()
+        )  # before a boxed call clears them
+        out = step(*args)
+        outs = out if isinstance(out, (list, tuple)) else (out,)
+        nodes = compiled_nodes(outs, made) if earlier is not None else []
+        if earlier is not None and nodes:
+            report = functools.partial(self.observe, self.step, position)
+            nodes[0].register_prehook(lambda _: report(earlier.dropped()))
+        elif position and earlier is not None:
+            self.observe(self.step, position, 0)  # no backward to watch: counted as held
+        if loose:
+            self.watch.add(outs, loose)
+        return out
 
     def partition(
         self,
@@ -798,6 +853,11 @@ class Planner:
                     )
                 raise beyond
         out = self._record(jg, res, modules, paged, asked, reused, spent, compiler, check)
+        self.records[-1] = replace(
+            self.records[-1],
+            loose=loose_outputs(joint, jg),
+            input_grads=input_gradients(joint, jg, self.made_inputs),
+        )
         bw_out = next(n for n in reversed(self.records[-1].modules.backward.graph.nodes) if n.op == "output")
         bw_out.meta[RECORD_KEY] = len(self.records) - 1
         self.call.append(len(self.records) - 1)
@@ -1026,39 +1086,48 @@ class Planner:
             return plan, replace(check, rounds=rounds)
         return whole, replace(check, rounds=rounds, chosen=len(rounds) - 1)
 
-    def _check_split(self, profile_id: str) -> None:
+    def _check_split(self, profile_id: str, step: object = None, call: Sequence[int] | None = None) -> None:
         """When the graphs of one call (split by graph breaks, or by DDP at its gradient
         buckets) can together exceed a byte budget that each meets alone: the step is
         compiled again at the next call, each graph then planned with what the others hold
         beside it (``split``); where that does not hold either, a :class:`BudgetWarning`, once.
+        ``step`` and ``call``: the step's signature and its graphs (the current call's).
 
-        Their forwards run in order and their backwards in reverse: while graph ``j`` runs,
-        the graphs before it hold what their forwards handed to their backwards (``S``, the
-        bytes at a graph's forward/backward boundary), and the graphs after it the gradients
-        their backwards left (``G``). Simulated, the step's peak is
-        ``max_j(sum_{i<j} S_i + P_j + sum_{k>j} G_k)``, ``P`` a graph's own peak (as its compiled step
-        measured it alone, under Inductor); a graph that runs ``r`` times counts ``r S`` and
-        ``r G``, and ``P + (r - 1) max(S, G)`` beside its own other runs."""
+        What each graph holds while the others run is :mod:`checkmate.split`'s model. The
+        outputs a graph hands on that its backward does not read (a language model's logits,
+        handed to its loss after a graph break) live through the later graphs' backwards
+        only where the loop holds them: until a backward was watched (:meth:`observe`), a
+        step that fits without them is judged at the next call (``unobserved``,
+        :meth:`judge_split`), and a loop holding them counts them."""
+        step = self.step if step is None else step
+        call = self.call if call is None else call
         buckets = ddp_reserve()
         beside = self._beside()  # DDP's buckets, FSDP2's parameters, gradients held: beside every graph
         nbytes = self._graphs_room()
-        records = [self.records[i] for i in self.call]
+        records = [self.records[i] for i in call]
         runs = [self._runs_of(r.joint.graph) for r in records]
-        parts, peaks, estimates = _step_estimates(records, runs)
-        worst = max(range(len(parts)), key=lambda j: estimates[j])
+        shares = [share_of(r) for r in records]
+        seen = [self.dropped_seen.get((step, j)) for j in range(len(records))]
+        estimates = step_estimates(shares, runs, [d or 0 for d in seen])
+        worst = max(range(len(shares)), key=lambda j: estimates[j])
         if estimates[worst] <= nbytes:
             return  # a guessed room is judged when the call's forward returns (finish_call)
-        if self.step in self.split and estimates[worst] <= SPLIT_SLACK * nbytes:
+        if step in self.split and estimates[worst] <= SPLIT_SLACK * nbytes:
             return  # planned with the others in view, and over by less than the model's accuracy
-        if self.step not in self.split:  # not planned with the later graphs in view yet
+        if step not in self.split and any(d is None for d in seen[1:]):
+            loose = [0, *accumulate(s.loose * r for s, r in zip(shares, runs))]
+            if max(step_estimates(shares, runs, loose)) <= nbytes:
+                self.unobserved[step] = profile_id  # fits where the loop drops them: its backward says
+                return
+        if step not in self.split:  # not planned with the later graphs in view yet
             # what each graph leaves while an earlier one's backward runs, and at least holds
             # while it runs itself (its least peak: the room the earlier ones must leave it)
-            self.split[self.step] = self._needs(profile_id)  # finish_call drops a guess then
+            self.split[step] = self._needs(profile_id, call)  # finish_call drops a guess then
             self.replan_pending = True
             log.info(
                 "the step's %d graphs can together reach %s, over the %s of the budget left to them: "
                 "compiling it again at the next call, each graph planned with the others beside it",
-                len(parts),
+                len(shares),
                 format_bytes(estimates[worst]),
                 format_bytes(nbytes),
             )
@@ -1067,7 +1136,7 @@ class Planner:
             self.replan_pending = True
             return
         self.warned_split = True
-        held = sum(s for s, _, _ in parts[:worst])
+        held = sum(s.held * r for s, r in zip(shares[:worst], runs[:worst]))
         split = "DDP's gradient buckets split this step" if buckets else "graph breaks split this step"
         remedy = (
             "torch._dynamo.config.optimize_ddp = False makes it one graph (DDP then reduces the "
@@ -1076,8 +1145,8 @@ class Planner:
             else "remove the graph break (TORCH_LOGS=graph_breaks names it; fullgraph=True makes it an error)"
         )
         warnings.warn(
-            f"{split} into {len(parts)} graphs, and no plans of them fit a byte budget together: while "
-            f"graph {self.call[worst]} runs (its own peak {format_bytes(peaks[worst])}"
+            f"{split} into {len(shares)} graphs, and no plans of them fit a byte budget together: while "
+            f"graph {call[worst]} runs (its own peak {format_bytes(shares[worst].peak)}"
             + (f", beside its {runs[worst] - 1} other runs in the step" if runs[worst] > 1 else "")
             + "), the graphs "
             f"before it hold {format_bytes(held)} for their backward and those after it the gradients "
@@ -1088,6 +1157,33 @@ class Planner:
             BudgetWarning,
             stacklevel=2,
         )
+
+    def judge_split(self) -> None:
+        """As a call starts: a step whose graphs fit together only where the loop drops the
+        outputs they hand on (``unobserved``), its backward watched since (:meth:`observe`),
+        judged as :meth:`_check_split` does: compiled again now (``recompile``), each graph
+        planned with the others beside it, where the loop holds them."""
+        for step in [s for s in self.unobserved if s in self.latest]:
+            call = self.latest[step]
+            if any((step, j) not in self.dropped_seen for j in range(1, len(call))):
+                continue  # no backward of it ran yet
+            profile_id = self.unobserved.pop(step)
+            self._check_split(profile_id, step, call)
+            if self.replan_pending:
+                self.replan_pending, self.recompile = False, True
+
+    def observe(self, step: object, position: int, dropped: int) -> None:
+        """The backward of the graph at ``position`` in a call of ``step`` started with
+        ``dropped`` bytes of the outputs the graphs before it handed on gone
+        (:class:`checkmate.split.OutputWatch`). The least seen counts; where it is less than
+        what the step was judged with, it is judged again at the next call."""
+        key = (step, position)
+        before = self.dropped_seen.get(key)
+        if before is not None and dropped >= before:
+            return
+        self.dropped_seen[key] = dropped
+        if before is not None and step not in self.split and self.profile_id is not None:
+            self.unobserved.setdefault(step, self.profile_id)
 
     def _graphs_room(self) -> int:
         """Under a byte budget, what it leaves the graphs of one call: less what is held beside
@@ -1105,7 +1201,9 @@ class Planner:
             return True
         records = [self.records[i] for i in ran]
         runs = [max(n, self._runs_of(r.joint.graph)) for r, n in zip(records, ran.values())]
-        return max(_step_estimates(records, runs)[2]) <= self._graphs_room()
+        return (
+            max(step_estimates([share_of(r) for r in records], runs, [0] * len(runs))) <= self._graphs_room()
+        )
 
     def _compiled_may_fit(self, compiler: str, exc: InfeasibleBudgetError) -> bool:
         """Whether a budget the graph model finds no schedule for is worth checking compiled:
@@ -1468,7 +1566,7 @@ class Planner:
         and the ``m - j`` after it left ``G`` each, at most ``(m - 1) max(h, G)``."""
         m, asked = self.calls * runs, self.budget.nbytes or 0
         net = max(asked - self._beside() - base, 0)
-        grads = _gradient_bytes(jg.graph)
+        grads = gradient_bytes(jg.graph)
         free = net - self._least_peak(jg.graph, profile_id)  # what the other calls may hold
         if runs > 1:
             most = free // (m - 1) if grads * (m - 1) <= free else 0
@@ -1527,7 +1625,7 @@ class Planner:
         """
         asked = self.budget.nbytes or 0
         net = max(asked - self._beside() - base, 0)
-        grads = _gradient_bytes(jg.graph)
+        grads = gradient_bytes(jg.graph)
         reserve, room = grads, None
         for _ in range(RETAINED_TRIES):
             got = self._solve(jg, profile_id, base + reserve, room)
@@ -2051,7 +2149,7 @@ class Planner:
         if total:
             # those of this graph and the ones before it, each run's own (a layer loop's graph)
             own = sum(
-                _gradient_bytes(g) * self._runs_of(g)
+                gradient_bytes(g) * self._runs_of(g)
                 for g in [graph, *(self.records[i].joint.graph for i in self.call)]
             )
             return max(total - own, 0), max(total - own, 0)
@@ -2462,35 +2560,10 @@ def _measured(record: PlanRecord) -> int | None:
     return None if record.compiled is None else record.compiled.measured
 
 
-def _gradient_bytes(graph: Graph) -> int:
-    """The bytes of ``graph``'s backward outputs (its gradients), which the sink reads."""
-    backward = graph.backward_mask
-    return sum(int(graph.mem[i]) for i in graph.preds[graph.n - 1] if backward[i])
-
-
 def repeated(ran: Mapping[int, int]) -> str:
     """The graphs that ran more than once in a step (``ran``: record index -> runs), in words:
     ``"graph 2 4 times, graph 3 4 times"``."""
     return ", ".join(f"graph {i} {n} times" for i, n in sorted(ran.items()) if n > 1)
-
-
-def _step_estimates(
-    records: Sequence[PlanRecord], runs: Sequence[int]
-) -> tuple[list[tuple[int, int, int]], list[int], list[int]]:
-    """The simulated peak of a step whose graphs (``records``, in call order) run ``runs``
-    times each, while each graph runs (:meth:`Planner._check_split`): per graph its part
-    (``(r S, P + (r - 1) max(S, G), r G)``), its own peak ``P`` and the step's estimate while
-    it runs. A graph that runs r times in the step (a layer loop's) holds r times what one
-    run does, and its own other runs hold, beside its peak, at most (r - 1) max(S, G) (as
-    planned: :meth:`Planner._solve_beside_calls`)."""
-    alone = [_held_bytes(r) for r in records]
-    peaks = [_own_peak(r, p) for r, (_, p, _) in zip(records, alone)]  # as compiled, where measured
-    parts = [(s * n, p + (n - 1) * max(s, g), g * n) for (s, _, g), p, n in zip(alone, peaks, runs)]
-    estimates = [
-        sum(s for s, _, _ in parts[:j]) + parts[j][1] + sum(g for _, _, g in parts[j + 1 :])
-        for j in range(len(parts))
-    ]
-    return parts, peaks, estimates
 
 
 def _held_bytes(record: PlanRecord) -> tuple[int, int, int]:
@@ -2501,16 +2574,7 @@ def _held_bytes(record: PlanRecord) -> tuple[int, int, int]:
     if schedule is None:
         return 0, int(record.result.peak or 0), 0
     sim = simulate(graph, schedule)
-    return sim.boundary, int(sim.peak), _gradient_bytes(graph)
-
-
-def _own_peak(record: PlanRecord, simulated: int) -> int:
-    """``record``'s peak alone: the one its compiled step measured where it was
-    (``compiler="inductor"``: Inductor's fused kernels never hold much of what the graph
-    model counts; the layer-dropping blocks' graph simulated 12.00 MiB, measured 6.50 MiB),
-    else ``simulated``."""
-    measured = _measured(record)
-    return simulated if measured is None else measured
+    return sim.boundary, int(sim.peak), gradient_bytes(graph)
 
 
 def _loss_room(

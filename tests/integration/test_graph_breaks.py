@@ -431,6 +431,70 @@ def test_a_hugging_face_loss_split_off_by_a_graph_break_shares_a_byte_budget() -
     assert peak <= budget, f"the short batch's first step: {peak / budget:.3f}x the budget"
 
 
+class TinyLM(nn.Module):
+    """An embedding, an MLP and a vocabulary head, then a graph break and cross-entropy on
+    the logits (a loss graph of its own, as a Hugging Face language model given ``labels=``),
+    returning both."""
+
+    def __init__(self, vocab: int = 4096, width: int = 128) -> None:
+        super().__init__()
+        self.vocab = vocab
+        self.emb = nn.Embedding(vocab, width)
+        self.body = nn.Sequential(
+            *[
+                nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+                for _ in range(3)
+            ]
+        )
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits = self.head(self.body(self.emb(ids)))
+        torch._dynamo.graph_break()
+        loss = F.cross_entropy(logits.view(-1, self.vocab), ids.view(-1))
+        return {"loss": loss, "logits": logits}
+
+
+@pytest.mark.parametrize("loop", ["drops", "keeps"])
+def test_logits_a_loop_drops_are_not_counted_through_the_loss_graphs_backward(loop: str) -> None:
+    # the loss graph's backward needs 12 MiB (the log-softmax it saved, its gradient, the
+    # logits'), beside what the model's graph saved and its 4 MiB of logits where the loop
+    # still holds them: 16.13 MiB together, over 14 MiB; 12.71 MiB without the logits. A loop
+    # dropping the model's output (`model(ids)["loss"].backward()`, as the Hugging Face
+    # Trainer) was compiled again and warned that no plans fit (measured 0.87x the budget)
+    ids = torch.randint(0, 4096, (8, 32), generator=torch.Generator().manual_seed(0))
+    budget = 14 * 2**20
+    torch.manual_seed(0)
+    opt = checkmate.optimize(TinyLM(), budget, time_limit=5, profile="cpu")
+
+    def step() -> None:
+        if loop == "keeps":
+            out = opt(ids)
+            out["loss"].backward()
+        else:
+            opt(ids)["loss"].backward()
+        opt.zero_grad(set_to_none=True)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            step()
+        peak = measure_peak(step)
+    said = [str(w.message) for w in caught if issubclass(w.category, BudgetWarning)]
+    seen = opt.__dict__["_checkmate_state"].planner.__dict__.get("dropped_seen", {})
+    if loop == "drops":
+        assert not said, said
+        assert len(plans_of(opt)) == 2  # not compiled again
+        assert peak <= budget, f"{peak / budget:.3f}x the budget"
+        assert list(seen.values()) == [4 * 2**20], (
+            seen
+        )  # the logits, gone as the loss graph's backward started
+    else:  # held through it: no plans fit together, as the step measures
+        assert any("graph breaks split this step into 2 graphs" in m for m in said), said
+        assert peak > budget
+        assert list(seen.values()) == [0], seen
+
+
 @pytest.mark.parametrize("budget", [0.8, 0.7], ids=["fraction", "bytes"])
 def test_hugging_face_gradient_checkpointing_turned_on_after_optimize_is_planned_whole(budget: float) -> None:
     # as the Trainer's gradient_checkpointing=True turns it on, after the model was optimized.
