@@ -43,7 +43,6 @@ import types
 import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +61,7 @@ from checkmate.rng import replay_dropout_draws
 from checkmate.scratch import flush_scratch, held_beyond, prefetch_scratch, scratch_bytes
 from checkmate.split import (
     OutputWatch,
+    could_drop,
     gradient_bytes,
     input_gradients,
     loose_outputs,
@@ -852,12 +852,8 @@ class Planner:
                         f"{format_bytes(check.measured or 0)} (plans measured: {tried})"
                     )
                 raise beyond
-        out = self._record(jg, res, modules, paged, asked, reused, spent, compiler, check)
-        self.records[-1] = replace(
-            self.records[-1],
-            loose=loose_outputs(joint, jg),
-            input_grads=input_gradients(joint, jg, self.made_inputs),
-        )
+        handed = (loose_outputs(joint, jg), input_gradients(joint, jg, self.made_inputs))  # checkmate.split
+        out = self._record(jg, res, modules, paged, asked, reused, spent, compiler, check, handed)
         bw_out = next(n for n in reversed(self.records[-1].modules.backward.graph.nodes) if n.op == "output")
         bw_out.meta[RECORD_KEY] = len(self.records) - 1
         self.call.append(len(self.records) - 1)
@@ -1114,11 +1110,10 @@ class Planner:
             return  # a guessed room is judged when the call's forward returns (finish_call)
         if step in self.split and estimates[worst] <= SPLIT_SLACK * nbytes:
             return  # planned with the others in view, and over by less than the model's accuracy
-        if step not in self.split and any(d is None for d in seen[1:]):
-            loose = [0, *accumulate(s.loose * r for s, r in zip(shares, runs))]
-            if max(step_estimates(shares, runs, loose)) <= nbytes:
-                self.unobserved[step] = profile_id  # fits where the loop drops them: its backward says
-                return
+        unseen = step not in self.split and any(d is None for d in seen[1:])
+        if unseen and max(step_estimates(shares, runs, could_drop(records, runs))) <= nbytes:
+            self.unobserved[step] = profile_id  # fits where the loop drops them: its backward says
+            return
         if step not in self.split:  # not planned with the later graphs in view yet
             # what each graph leaves while an earlier one's backward runs, and at least holds
             # while it runs itself (its least peak: the room the earlier ones must leave it)
@@ -1157,6 +1152,14 @@ class Planner:
             BudgetWarning,
             stacklevel=2,
         )
+
+    def _split_peak(self, step: object) -> int:
+        """The simulated peak of ``step``'s graphs together (:func:`checkmate.split.step_estimates`),
+        as its backwards found the loop dropping what they hand on."""
+        records = [self.records[i] for i in self.latest.get(step, ())]
+        runs = [self._runs_of(r.joint.graph) for r in records]
+        dropped = [self.dropped_seen.get((step, j), 0) for j in range(len(records))]
+        return max(step_estimates([share_of(r) for r in records], runs, dropped), default=0)
 
     def judge_split(self) -> None:
         """As a call starts: a step whose graphs fit together only where the loop drops the
@@ -1460,8 +1463,11 @@ class Planner:
         spent: dict[str, float],
         compiler: str,
         check: Calibration | None = None,
+        handed: tuple[Mapping[tuple[tuple[int, ...], torch.dtype], int], int] = ({}, 0),
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
-        """Record the plan of ``jg`` (in ``records``, its step and its family); its halves."""
+        """Record the plan of ``jg`` (in ``records``, its step and its family); its halves.
+        ``handed``: its outputs a loop may drop, and its gradients of inputs an earlier
+        graph made (:attr:`PlanRecord.loose`, :attr:`PlanRecord.input_grads`)."""
         index = len(self.records)
         self.records.append(
             PlanRecord(
@@ -1477,6 +1483,8 @@ class Planner:
                 reused_from=reused,
                 compiler=compiler,
                 compiled=check,
+                loose=handed[0],
+                input_grads=handed[1],
             )
         )
         self.steps.setdefault(self.step, []).append(index)
@@ -1970,6 +1978,21 @@ class Planner:
                 format_bytes(asked),
             )
             return None
+        if (
+            self.warned_split
+            and step in self.split
+            and self.calls == 1
+            and peak <= STEP_SLACK * self._split_peak(step)
+        ):
+            # its graphs reach that together, as the warning that no plans of them fit said: no
+            # memory outside the module. Taken for it, a small language model's loss graph behind
+            # a graph break (16.13 MiB measured, as estimated) was planned with 8 MiB of room
+            log.info(
+                "the training step measured %s, over its budget of %s, as its graphs' plans together reach",
+                format_bytes(peak),
+                format_bytes(asked),
+            )
+            return None
         alone = _measured_alone([self.records[i] for i in graphs]) if self.calls == 1 else None
         if not self.outside and alone is not None and peak <= STEP_SLACK * alone:
             # what its graph measured compiled, alone: its plan's own excess, which the compiled
@@ -2144,7 +2167,8 @@ class Planner:
         known = self.split.get(self.step) or self._split_of_another_shape(graph)
         if known is not None:
             later = known[len(self.call) + 1 :]
-            return sum(least for _, least in later), sum(g for g, _ in later)
+            dropped, handed = self._later_relief(graph)
+            return sum(least for _, least in later) - dropped, sum(g for g, _ in later) - handed
         total = ddp_reserve()  # one copy of every gradient DDP reduces
         if total:
             # those of this graph and the ones before it, each run's own (a layer loop's graph)
@@ -2163,6 +2187,27 @@ class Planner:
             self.guessed.setdefault(self.step, (profile_id, {}))[1][len(self.call)] = room
             return room, grads
         return 0, 0
+
+    def _later_relief(self, graph: Graph) -> tuple[int, int]:
+        """Of what the graphs after ``graph`` in a step planned before (``split``) need beside
+        it (:meth:`_later_room`), what their graphs as planned then show it need not leave:
+        at its boundary, the outputs the loop was seen to drop before the next graph's
+        backward (:meth:`observe`; part of what this graph and the ones before it hold there,
+        gone while that backward runs), where that graph's forward, which reads them, still
+        fits; beside its whole run, the gradients they hand to the backwards before theirs
+        (:attr:`PlanRecord.input_grads`), up to this graph's tangents (counted in its peak)."""
+        position = len(self.call) + 1
+        graphs = self.latest.get(self.step, ())
+        known = self.split.get(self.step)
+        if known is None or len(graphs) != len(known) or len(graphs) <= position:
+            return 0, 0
+        later = [self.records[i] for i in graphs[position:]]
+        handed = min(
+            sum(n.mem for n in graph.nodes if n.op.startswith("tangents")), sum(r.input_grads for r in later)
+        )
+        dropped = self.dropped_seen.get((self.step, position), 0)
+        forward = share_of(later[0]).forward if dropped else 0
+        return max(min(dropped, known[position][1] - forward), 0), handed
 
     def _split_of_another_shape(self, graph: Graph) -> tuple[tuple[int, int], ...] | None:
         """For a step not split before (a new input shape): the ``split`` of a step that was,

@@ -42,7 +42,16 @@ from checkmate.trace import JointGraph
 from solvers.graph import Graph
 from solvers.schedule import COMPUTE, Schedule, simulate
 
-__all__ = ["OutputWatch", "Share", "input_gradients", "loose_outputs", "share_of", "step_estimates"]
+__all__ = [
+    "OutputWatch",
+    "Share",
+    "could_drop",
+    "input_gradients",
+    "loose_outputs",
+    "saved_inputs",
+    "share_of",
+    "step_estimates",
+]
 
 #: a tensor's size and dtype
 Key = tuple[tuple[int, ...], torch.dtype]
@@ -130,6 +139,36 @@ def step_estimates(shares: Sequence[Share], runs: Sequence[int], dropped: Sequen
         backward = before[j] - dropped[j] + s.backward + own + after[j] - min(s.tangents, handed_after[j])
         estimates.append(max(forward, backward))
     return estimates
+
+
+def could_drop(records: Sequence[PlanRecord], runs: Sequence[int]) -> list[int]:
+    """Per graph of a step (``records`` in call order, run ``runs`` times each), the most
+    bytes of the earlier graphs' loose outputs (:attr:`PlanRecord.loose`) a loop can have
+    dropped when its backward starts: not those of a size and dtype a graph after theirs,
+    up to this one, saved for its backward (it holds them: a layer reading them keeps its
+    input)."""
+    saved = [saved_inputs(r) for r in records]
+    got = []
+    for j in range(len(records)):
+        got.append(
+            sum(
+                b * runs[i]
+                for i in range(j)
+                for key, b in records[i].loose.items()
+                if not any(key in saved[k] for k in range(i + 1, j + 1))
+            )
+        )
+    return got
+
+
+def saved_inputs(record: PlanRecord) -> frozenset[Key]:
+    """The sizes and dtypes of the inputs ``record``'s forward saves for its backward."""
+    names = set(record.modules.saved)
+    return frozenset(
+        (tuple(int(d) for d in n.meta["val"].shape), n.meta["val"].dtype)
+        for n in record.modules.forward.graph.find_nodes(op="placeholder")
+        if n.name in names and isinstance(n.meta.get("val"), torch.Tensor)
+    )
 
 
 def loose_outputs(joint: fx.GraphModule, jg: JointGraph) -> dict[Key, int]:

@@ -308,11 +308,13 @@ def test_graphs_of_one_step_share_a_byte_budget_or_warn_with_the_estimate() -> N
     assert measured <= budget, f"{measured / budget:.3f}x the budget"
 
     # too little for both graphs at their least: the second call says what the step reaches
-    tight = int(0.33 * eager)
+    # (at 0.33 they fit together, 0.88x, since the second graph's gradient of the first's
+    # output counts once, as the first's tangent: counted twice, they did not, 1.22x)
+    tight = int(0.24 * eager)
     torch.manual_seed(0)
     # one plan every run: the device profile's costs (not timings) and the LP's rounding (no
-    # incumbent cut off by a time limit, which a loaded machine moves); measured 1.22x the
-    # budget, estimated 1.34x (the step's output, dropped by .sum(), counted as held)
+    # incumbent cut off by a time limit, which a loaded machine moves); measured 1.28x the
+    # budget, estimated 1.44x (the step's output, dropped by .sum(), counted as held)
     low = checkmate.optimize(BrokenInTheMiddle(), tight, time_limit=20, profile="cpu", strategy="lp-rounding")
     with warnings.catch_warnings():
         warnings.simplefilter("error", BudgetWarning)
@@ -462,6 +464,7 @@ def test_logits_a_loop_drops_are_not_counted_through_the_loss_graphs_backward(lo
     # still holds them: 16.13 MiB together, over 14 MiB; 12.71 MiB without the logits. A loop
     # dropping the model's output (`model(ids)["loss"].backward()`, as the Hugging Face
     # Trainer) was compiled again and warned that no plans fit (measured 0.87x the budget)
+    # A loop holding the logits through the backward is warned of, once
     ids = torch.randint(0, 4096, (8, 32), generator=torch.Generator().manual_seed(0))
     budget = 14 * 2**20
     torch.manual_seed(0)
@@ -489,8 +492,9 @@ def test_logits_a_loop_drops_are_not_counted_through_the_loss_graphs_backward(lo
         assert list(seen.values()) == [4 * 2**20], (
             seen
         )  # the logits, gone as the loss graph's backward started
-    else:  # held through it: no plans fit together, as the step measures
-        assert any("graph breaks split this step into 2 graphs" in m for m in said), said
+    else:  # held through it: no plans fit together, as the step measures (not memory outside the
+        # module: taken for it, the step was planned again with 8 MiB of room, and warned twice)
+        assert len(said) == 1 and "graph breaks split this step into 2 graphs" in said[0], said
         assert peak > budget
         assert list(seen.values()) == [0], seen
 
