@@ -61,6 +61,7 @@ from checkmate.rng import replay_dropout_draws
 from checkmate.scratch import flush_scratch, held_beyond, prefetch_scratch, scratch_bytes
 from checkmate.split import (
     OutputWatch,
+    Share,
     could_drop,
     gradient_bytes,
     input_gradients,
@@ -729,9 +730,8 @@ class Planner:
         loose = self.records[index].loose
         if earlier is None and not loose:
             return step(*args)
-        made = (
-            grad_fns(_flat(args)) if earlier is not None else frozenset()
-        )  # before a boxed call clears them
+        # read before a boxed call clears them
+        made = grad_fns(_flat(args)) if earlier is not None else frozenset()
         out = step(*args)
         outs = out if isinstance(out, (list, tuple)) else (out,)
         nodes = compiled_nodes(outs, made) if earlier is not None else []
@@ -1100,10 +1100,7 @@ class Planner:
         buckets = ddp_reserve()
         beside = self._beside()  # DDP's buckets, FSDP2's parameters, gradients held: beside every graph
         nbytes = self._graphs_room()
-        records = [self.records[i] for i in call]
-        runs = [self._runs_of(r.joint.graph) for r in records]
-        shares = [share_of(r) for r in records]
-        seen = [self.dropped_seen.get((step, j)) for j in range(len(records))]
+        records, runs, shares, seen = self._split_parts(step, call)
         estimates = step_estimates(shares, runs, [d or 0 for d in seen])
         worst = max(range(len(shares)), key=lambda j: estimates[j])
         if estimates[worst] <= nbytes:
@@ -1153,13 +1150,22 @@ class Planner:
             stacklevel=2,
         )
 
+    def _split_parts(
+        self, step: object, call: Sequence[int]
+    ) -> tuple[list[PlanRecord], list[int], list[Share], list[int | None]]:
+        """Of ``step``'s graphs (``call``, record indices in call order): their records, runs,
+        their shares (:class:`~checkmate.split.Share`), and the bytes of what the earlier ones handed on
+        found gone at each one's backward (None: not watched yet)."""
+        records = [self.records[i] for i in call]
+        runs = [self._runs_of(r.joint.graph) for r in records]
+        seen = [self.dropped_seen.get((step, j)) for j in range(len(records))]
+        return records, runs, [share_of(r) for r in records], seen
+
     def _split_peak(self, step: object) -> int:
         """The simulated peak of ``step``'s graphs together (:func:`checkmate.split.step_estimates`),
         as its backwards found the loop dropping what they hand on."""
-        records = [self.records[i] for i in self.latest.get(step, ())]
-        runs = [self._runs_of(r.joint.graph) for r in records]
-        dropped = [self.dropped_seen.get((step, j), 0) for j in range(len(records))]
-        return max(step_estimates([share_of(r) for r in records], runs, dropped), default=0)
+        _, runs, shares, seen = self._split_parts(step, self.latest.get(step, []))
+        return max(step_estimates(shares, runs, [d or 0 for d in seen]), default=0)
 
     def judge_split(self) -> None:
         """As a call starts: a step whose graphs fit together only where the loop drops the
@@ -1179,13 +1185,23 @@ class Planner:
         """The backward of the graph at ``position`` in a call of ``step`` started with
         ``dropped`` bytes of the outputs the graphs before it handed on gone
         (:class:`checkmate.split.OutputWatch`). The least seen counts; where it is less than
-        what the step was judged with, it is judged again at the next call."""
+        what the step was judged with, it is judged again at the next call, or, planned with
+        its graphs in view (``split``), with room for them, compiled again then."""
         key = (step, position)
         before = self.dropped_seen.get(key)
         if before is not None and dropped >= before:
             return
         self.dropped_seen[key] = dropped
-        if before is not None and step not in self.split and self.profile_id is not None:
+        if before is None:
+            return
+        log.info(
+            "the loop held %s more of what the step's graphs hand on through a backward than before: "
+            "judging the step again at its next call",
+            format_bytes(before - dropped),
+        )
+        if step in self.split:
+            self.recompile = True  # each graph planned again with room for them (_later_relief)
+        elif self.profile_id is not None:
             self.unobserved.setdefault(step, self.profile_id)
 
     def _graphs_room(self) -> int:

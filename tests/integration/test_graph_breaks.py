@@ -499,6 +499,33 @@ def test_logits_a_loop_drops_are_not_counted_through_the_loss_graphs_backward(lo
         assert list(seen.values()) == [0], seen
 
 
+def test_a_loop_that_starts_holding_the_logits_has_the_step_judged_again() -> None:
+    # planned without the logits through the loss graph's backward while the loop dropped
+    # them; the first step that holds them runs over (no step before it could say), the next
+    # is judged with them, compiled again, and warned of: no plans fit together
+    ids = torch.randint(0, 4096, (8, 32), generator=torch.Generator().manual_seed(0))
+    budget = 14 * 2**20
+    torch.manual_seed(0)
+    opt = checkmate.optimize(TinyLM(), budget, time_limit=5, profile="cpu")
+    said: list[list[str]] = []
+    for keep in (False, False, True, True, True):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = opt(ids)
+            loss = out["loss"]
+            if not keep:
+                del out
+            loss.backward()
+            opt.zero_grad(set_to_none=True)
+            del loss
+            out = None
+        said.append([str(w.message) for w in caught if issubclass(w.category, BudgetWarning)])
+    assert said[:3] == [[], [], []], said
+    assert len(said[3]) == 1 and "graph breaks split this step into 2 graphs" in said[3][0], said
+    assert said[4] == [], said
+    assert len(plans_of(opt)) == 4  # compiled once more
+
+
 @pytest.mark.parametrize("budget", [0.8, 0.7], ids=["fraction", "bytes"])
 def test_hugging_face_gradient_checkpointing_turned_on_after_optimize_is_planned_whole(budget: float) -> None:
     # as the Trainer's gradient_checkpointing=True turns it on, after the model was optimized.
