@@ -68,6 +68,7 @@ from checkmate.split import (
     loose_outputs,
     share_of,
     step_estimates,
+    tangent_bytes,
 )
 from checkmate.stepcheck import STEP_SLACK, abort_windows
 from checkmate.tangents import (
@@ -1849,9 +1850,9 @@ class Planner:
         rates = [
             room / grads
             for step, room in held.items()
-            if (grads := sum(_tangent_bytes(self.records[i].joint.graph) for i in self.latest.get(step, ())))
+            if (grads := sum(tangent_bytes(self.records[i].joint.graph) for i in self.latest.get(step, ())))
         ]
-        return int(max(rates, default=0.0) * _tangent_bytes(graph))
+        return int(max(rates, default=0.0) * tangent_bytes(graph))
 
     def check_step(
         self,
@@ -2218,9 +2219,7 @@ class Planner:
         if known is None or len(graphs) != len(known) or len(graphs) <= position:
             return 0, 0
         later = [self.records[i] for i in graphs[position:]]
-        handed = min(
-            sum(n.mem for n in graph.nodes if n.op.startswith("tangents")), sum(r.input_grads for r in later)
-        )
+        handed = min(tangent_bytes(graph), sum(r.input_grads for r in later))
         dropped = self.dropped_seen.get((self.step, position), 0)
         forward = share_of(later[0]).forward if dropped else 0
         return max(min(dropped, known[position][1] - forward), 0), handed
@@ -2323,7 +2322,7 @@ class Planner:
         # only where the module computes the loss: code outside it that runs before the loop frees
         # them (a loss on its outputs) holds more beside them than the plan's boundary shows (an MLP
         # whose cross-entropy is outside, at 0.85 of eager's peak, stepped at 1.03x the budget so)
-        loss_inside = _tangent_bytes(jg.graph) <= SCALAR_BYTES
+        loss_inside = tangent_bytes(jg.graph) <= SCALAR_BYTES
         # not under Inductor, whose compiled check replans to its measured peak without them
         forward = (
             self.held_grads
@@ -2400,9 +2399,9 @@ class Planner:
                 )
                 # what is held beside the graph grows with its shapes (a loss on its outputs, the
                 # other graphs of the step), but for the gradients DDP reduces (its parameters')
-                own = max(_tangent_bytes(graph), 1)
+                own = max(tangent_bytes(graph), 1)
                 growing = max(earlier - ddp_reserve(), 0)
-                at_size = lambda big: nbytes - int(growing * (_tangent_bytes(big) / own - 1))  # noqa: E731
+                at_size = lambda big: nbytes - int(growing * (tangent_bytes(big) / own - 1))  # noqa: E731
                 ahead, self.ahead_ceiling[shape] = plan_ahead(
                     graph, ref, self.records, family, nbytes, solve, at_size, self.ahead_ceiling.get(shape)
                 )
@@ -2665,11 +2664,6 @@ def _loss_room(
     if not sizes or min(sizes) <= SCALAR_BYTES:
         return 0
     return LATER_ROOM * sum(sizes)
-
-
-def _tangent_bytes(graph: Graph) -> int:
-    """Bytes of the gradients of a graph's outputs its backward is given."""
-    return sum(n.mem for n in graph.nodes if n.op.startswith("tangents"))
 
 
 def _logged_peak(

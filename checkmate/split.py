@@ -51,6 +51,7 @@ __all__ = [
     "saved_inputs",
     "share_of",
     "step_estimates",
+    "tangent_bytes",
 ]
 
 #: a tensor's size and dtype
@@ -70,7 +71,6 @@ class Share:
         input_grads: of ``grads``, those of inputs an earlier graph made, handed to that
             graph's backward as its tangents (``A``).
         tangents: the gradients of its outputs its backward is given (``T``).
-        loose: of ``held``, its outputs its backward does not read, which a loop may drop.
     """
 
     held: int
@@ -79,10 +79,10 @@ class Share:
     grads: int
     input_grads: int = 0
     tangents: int = 0
-    loose: int = 0
 
     @property
     def peak(self) -> int:
+        """Its own peak, forward or backward."""
         return max(self.forward, self.backward)
 
 
@@ -92,19 +92,18 @@ def share_of(record: PlanRecord) -> Share:
     hold much of what the graph model counts)."""
     graph, schedule = record.joint.graph, record.result.schedule
     grads = gradient_bytes(graph)
-    tangents = sum(n.mem for n in graph.nodes if n.op.startswith("tangents"))
-    loose = sum(record.loose.values())
+    tangents = tangent_bytes(graph)
     measured = None if record.compiled is None else record.compiled.measured
     if schedule is None:
         peak = int(measured if measured is not None else record.result.peak or 0)
-        return Share(0, peak, peak, grads, record.input_grads, tangents, loose)
+        return Share(0, peak, peak, grads, record.input_grads, tangents)
     sim = simulate(graph, schedule)
     start = backward_start(graph, schedule)
     forward = int(sim.timeline[:start].max()) if start else 0
     backward = int(sim.timeline[start:].max()) if start < len(sim.timeline) else 0
     if measured is not None:
         forward = backward = int(measured)
-    return Share(sim.boundary, forward, backward, grads, record.input_grads, tangents, loose)
+    return Share(sim.boundary, forward, backward, grads, record.input_grads, tangents)
 
 
 def backward_start(graph: Graph, schedule: Schedule) -> int:
@@ -120,6 +119,11 @@ def gradient_bytes(graph: Graph) -> int:
     """The bytes of ``graph``'s backward outputs (its gradients), which the sink reads."""
     backward = graph.backward_mask
     return sum(int(graph.mem[i]) for i in graph.preds[graph.n - 1] if backward[i])
+
+
+def tangent_bytes(graph: Graph) -> int:
+    """The bytes of the gradients of ``graph``'s outputs its backward is given."""
+    return sum(n.mem for n in graph.nodes if n.op.startswith("tangents"))
 
 
 def step_estimates(shares: Sequence[Share], runs: Sequence[int], dropped: Sequence[int]) -> list[int]:

@@ -25,9 +25,7 @@ def test_a_later_graphs_gradients_count_only_while_a_graph_runs_backward() -> No
 def test_gradients_handed_to_an_earlier_graph_are_its_tangents_counted_once() -> None:
     # graph 1 (a loss on graph 0's 4 MiB of logits) hands their gradient to graph 0's
     # backward, whose peak counts it as its tangents: counted once, not as graph 1's too
-    model = Share(
-        held=5 * MiB, forward=5 * MiB, backward=8 * MiB, grads=2 * MiB, tangents=4 * MiB, loose=4 * MiB
-    )
+    model = Share(held=5 * MiB, forward=5 * MiB, backward=8 * MiB, grads=2 * MiB, tangents=4 * MiB)
     loss = Share(held=4 * MiB, forward=4 * MiB, backward=12 * MiB, grads=4 * MiB, input_grads=4 * MiB)
     held, dropped = (
         step_estimates([model, loss], [1, 1], [0, 0]),
