@@ -773,7 +773,8 @@ def _training_call(
         # were warned of twice as memory held outside the module, and compiled again)
         and state.planner.latest.get(key)
     ):
-        # the step measured whole (checkmate.stepcheck); under a profiler, at a later call. Each
+        # the step measured whole (checkmate.stepcheck); inside measure_peak, from its events; under
+        # a profiler of the user's, at a later call. Each
         # rank of a distributed job measures and plans again on its own: no rank waits for another
         device = _device_of(self, args, kwargs)
         if device.type == "cpu" and in_process_group():
@@ -1498,20 +1499,45 @@ def _close_window(state: CheckmateState) -> None:
     _OPEN.discard(state)
     if window is None:
         return
-    peak = window.close()
+    whole, path = _CALLS[0] == state.window_calls, state.window_path
+    if window.waiting() and key is not None:
+        # measured in the caller's measure_peak, whose profiler's events come when it ends: the
+        # verdict is taken then (a step of the same inputs is not measured meanwhile). A loop
+        # measuring every step so ran a language model whose loss holds 26 MiB outside it at
+        # 1.06x its budget, unwarned, at every step: only the steps outside were measured
+        window.detach()
+        state.stepped.add(key)
+        window.then = lambda w: _judge_window(state, w, key, w.hosted_peak, whole, path)
+        return
+    _judge_window(state, window, key, window.close(), whole, path)
+
+
+def _judge_window(
+    state: CheckmateState,
+    window: StepWindow,
+    key: tuple[Any, ...] | None,
+    peak: int | None,
+    whole: bool,
+    path: Counter[int],
+) -> None:
+    """The verdict on a step of ``key`` measured whole at ``peak`` (None where its backward
+    did not come): ``whole`` where no other optimized module was called inside it, ``path``
+    how often its graphs ran (``state.window_path`` then)."""
     if key is None or window.aborted:  # planning or a measurement of the caller's came first
+        if key is not None:
+            state.stepped.discard(key)  # measured at a later call
         return
     state.stepped.add(key)  # measured once (not again where the backward never came)
     if peak is None:  # the backward never came
         return
-    if _CALLS[0] != state.window_calls:  # another optimized module ran inside: its memory is not outside
+    if not whole:  # another optimized module ran inside: its memory is not outside
         log.info("the training step was not measured whole: other optimized modules run inside it")
         state.unmeasurable.add(key)
         if state.planner.unmeasured(key):  # no loss is computed on its outputs: the next module is
             state.stepped.discard(key)
             state.recompile = True
         return
-    state.measured_paths.setdefault(key, []).append(state.window_path)
+    state.measured_paths.setdefault(key, []).append(path)
     unplanned = window.grads_held - min(window.grads_held, state.planner.held_grads)
     budget = state.planner.budget.nbytes
     if (
@@ -1531,7 +1557,7 @@ def _close_window(state: CheckmateState) -> None:
         peak,
         window.boundary,
         window.apart,
-        state.window_path,
+        path,
         grads_held=window.grads_held,
         retained=max(window.backwards, 1),
     )

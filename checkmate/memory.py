@@ -14,7 +14,9 @@ Methods (``MemoryTracker(method=...)``):
   maximum of their running sum, a free counted when its block was allocated in the run. Exact to the byte, and it sees everything: scratch space
   inside ops, ``torch.tensor(data)``, code compiled by ``torch.compile``. The profiler's
   first use in a process takes a second or two; it cannot be nested inside another running
-  profiler (``"auto"`` then falls back to ``"storages"``). To keep each measurement from
+  profiler (``"auto"`` then falls back to ``"storages"``). A training step of an optimized
+  module that checkmate measures whole (:mod:`checkmate.stepcheck`) inside the block is
+  marked in this profiler, and read from its events when the block exits. To keep each measurement from
   printing kineto's start/stop lines, ``KINETO_LOG_LEVEL`` is set to 6 unless already set.
 - ``"storages"``: a TorchDispatchMode sees the outputs of every aten op. A storage that is
   not the storage of one of the op's tensor arguments is new: its bytes are added, and a
@@ -81,6 +83,8 @@ class MemoryTracker:
         self._cuda_before: int | None = None
         self._profiler: torch.profiler.profile | None = None
         self._storages: _StorageCounter | None = None
+        self._thread = threading.get_ident()
+        self._riders: list[Callable[[torch.profiler.profile], None]] = []
 
     def __enter__(self) -> MemoryTracker:
         from checkmate.stepcheck import abort_windows
@@ -99,6 +103,8 @@ class MemoryTracker:
                 activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
             )
             self._profiler.__enter__()
+            self._thread = threading.get_ident()
+            _HOSTS.append(self)
         else:
             self._storages = _StorageCounter()
             self._storages.mode.__enter__()
@@ -110,10 +116,15 @@ class MemoryTracker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._profiler is not None:
-            self._profiler.__exit__(exc_type, exc, tb)
-            self.peak, self.current = _allocator_peak(self._profiler)
+        riders: list[Callable[[torch.profiler.profile], None]] = []
+        prof = self._profiler
+        if prof is not None:
             self._profiler = None
+            if self in _HOSTS:
+                _HOSTS.remove(self)
+            prof.__exit__(exc_type, exc, tb)
+            self.peak, self.current = _allocator_peak(prof)
+            riders, self._riders = self._riders, []
         elif self._storages is not None:
             self._storages.mode.__exit__(exc_type, exc, tb)
             self.peak, self.current = self._storages.peak, self._storages.current
@@ -126,6 +137,30 @@ class MemoryTracker:
                 self.peak = cuda_peak
                 self.current = torch.cuda.memory_allocated() - before
                 self.device = "cuda"
+        for rider in riders:  # after this tracker's own figures: a step measured inside it
+            assert prof is not None  # riders ride an allocator tracker only
+            rider(prof)  # its verdict may warn
+
+    def ride(self, rider: Callable[[torch.profiler.profile], None]) -> None:
+        """Have ``rider(profiler)`` called when the block exits, with the stopped profiler
+        whose events cover it: the training step checkmate measures whole
+        (:mod:`checkmate.stepcheck`) inside this block reads its figures from them, since a
+        second profiler cannot start inside this one."""
+        self._riders.append(rider)
+
+
+#: the trackers measuring by the allocator whose profiler runs, innermost last
+_HOSTS: list[MemoryTracker] = []
+
+
+def running_tracker() -> MemoryTracker | None:
+    """The :class:`MemoryTracker` whose profiler is the one running on this thread (a
+    training step inside :func:`measure_peak`), or None (no profiler runs, or one that no
+    tracker started: the user's ``torch.profiler``, whose events only its owner reads)."""
+    if not _HOSTS or not torch._C._autograd._profiler_enabled():
+        return None
+    host = _HOSTS[-1]
+    return host if host._thread == threading.get_ident() else None
 
 
 def _allocator_peak(prof: torch.profiler.profile, until: str | None = None) -> tuple[int, int]:
@@ -147,6 +182,7 @@ def _allocator_peaks(
     until: str | None = None,
     between: tuple[str, str] | None = None,
     released: tuple[int, str, str] | None = None,
+    since: str | None = None,
 ) -> tuple[int, int, int | None, int | None]:
     """:func:`_allocator_peak`; with ``between``, the peak of the running sum over the span
     from the last mark named ``between[0]`` before the first named ``between[1]`` to that
@@ -154,13 +190,15 @@ def _allocator_peaks(
     where either mark is missing). ``released``: bytes allocated before the profiler started
     and freed (the profiler reports no size for such a free), the name prefix of the event
     that frees them, and the mark by which they were freed at the latest: taken off the
-    running sum from the first of those."""
+    running sum from the first of those. ``since``: a mark from which to count, as if the
+    profiler had started there (what was allocated before it is not counted, nor its free;
+    nothing is counted where the mark is missing)."""
     results = prof.profiler.kineto_results if prof.profiler is not None else None
     if results is None:
         return 0, 0, None, None
     events: list[tuple[int, int, int, int]] = []  # (time, order, ptr, bytes), CPU only
     marks: dict[str, list[int]] = {}
-    names = {until, *(between or ()), released[2] if released else None} - {None}
+    names = {until, since, *(between or ()), released[2] if released else None} - {None}
     frees: list[int] = []  # when an event that frees the bytes released started
     stack = list(reversed(results.experimental_event_tree()))
     while stack:  # depth first, in the recorded order
@@ -174,6 +212,12 @@ def _allocator_peaks(
         if isinstance(fields, _ExtraFields_Allocation) and fields.device.type == "cpu" and fields.alloc_size:
             events.append((e.start_time_ns, len(events), fields.ptr, fields.alloc_size))
     events.sort()
+    if since is not None:
+        start = min(marks.get(since, [max((ev[0] for ev in events), default=0) + 1]))
+        events = [ev for ev in events if ev[0] >= start]
+        frees = [t for t in frees if t >= start]
+        marks = {name: [t for t in times if t >= start] for name, times in marks.items()}
+        marks = {name: times for name, times in marks.items() if times}
     if until is not None and until in marks:
         end = min(marks[until])
         events = [ev for ev in events if ev[0] <= end]

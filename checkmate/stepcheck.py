@@ -12,8 +12,7 @@ the start of its forward to the end of its backward (the gradient of its last pa
 accumulated: the backward of modules before it, optimized apart, is theirs). On CUDA the end reads
 ``max_memory_allocated`` (its peak statistics are reset at the start). On the CPU only the
 allocator's events see every allocation, and they come from a profiler: one is started at
-the forward (not when another one runs: profilers do not nest), the end of the backward is
-marked in it, and it is stopped at the next optimizer step or call of an optimized module,
+the forward, the end of the backward is marked in it, and it is stopped at the next optimizer step or call of an optimized module,
 whichever comes first, or at exit. (It cannot be stopped inside the backward: autograd
 restores the profiler state it captured when the backward started.) A call of the same
 module before the backward of its earlier calls (two views of a batch, a GAN's
@@ -21,26 +20,37 @@ discriminator on real and fake data) is part of the step: the window stays open 
 it, to the end of their one backward. Planning and
 :func:`checkmate.memory.measure_peak` first abort any window still open (:func:`abort_windows`):
 they must not run inside a profiler they did not start, and the step is measured at a later
-call instead. A step over the budget has the module planned again
+call instead. Profilers do not nest: a step that starts inside
+:func:`checkmate.memory.measure_peak` (a loop or benchmark measuring each step) is marked in
+that tracker's profiler instead, from a mark at its start, and its figures are read from
+its events when its block exits (the verdict then waits for them); a step whose backward
+ends after the block is measured at a later call. Inside a profiler the user started
+(``torch.profiler``), whose events only its owner reads, the step is not measured: with a
+``schedule``, at a step outside its warmup and active steps. A step over the budget has the module planned again
 with the excess as room (:mod:`checkmate.api`), and warns when that does not fit either.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from checkmate.memory import _allocator_peaks
+from checkmate.memory import MemoryTracker, _allocator_peaks, running_tracker
 
 __all__ = ["STEP_SLACK", "StepWindow", "abort_windows", "open_window"]
 
 #: a measured step within this factor of the budget counts as within it (allocator rounding)
 STEP_SLACK = 1.02
 
+#: the name of the profiler mark at the start of a step measured in a profiler that was running
+#: already (:func:`checkmate.memory.measure_peak`'s)
+_START = "checkmate::step_start"
 #: the name of the profiler mark at the end of the measured backward
 _END = "checkmate::step_end"
 #: the end of a backward run again through the same forward's graph (``retain_graph=True``)
@@ -91,14 +101,28 @@ class StepWindow:
     queued: bool = False
     aborted: bool = False
     handles: list[Any] = field(default_factory=list)
+    #: the caller's tracker whose profiler records this step (a step inside
+    #: :func:`checkmate.memory.measure_peak`: profilers do not nest), None where the window
+    #: runs a profiler of its own; its figures come when the tracker's block exits
+    host: MemoryTracker | None = None
+    #: the suffix of this window's mark names, unique among the windows of one host's profiler
+    tag: str = ""
+    #: the peak measured in the host's profiler, set (with ``hosted``) when its block exits
+    hosted_peak: int | None = None
+    hosted: bool = False
+    #: called when the host's block exits, for a window closed before that (:meth:`waiting`)
+    then: Callable[[StepWindow], None] | None = None
+
+    def _mark(self, name: str) -> None:
+        with torch.profiler.record_function(name + self.tag):
+            pass
 
     def mark_forward_end(self) -> None:
         """The module's forward has returned (the last call's, when called again before the
         backward: a later mark replaces an earlier one)."""
         if self.started_backward or self.ended or self.device == "cuda":
             return
-        with torch.profiler.record_function(_FORWARD_END):
-            pass
+        self._mark(_FORWARD_END)
 
     def mark_backward_start(self) -> None:
         """The backward has reached the module's outputs (from an autograd pre-hook)."""
@@ -108,8 +132,7 @@ class StepWindow:
         if self.device == "cuda":
             self.boundary = int(torch.cuda.memory_allocated()) - self.cuda_before
         else:
-            with torch.profiler.record_function(_BACKWARD_START):
-                pass
+            self._mark(_BACKWARD_START)
 
     def mark_end(self) -> None:
         """The backward that reaches the module has ended (from an autograd callback)."""
@@ -120,8 +143,7 @@ class StepWindow:
             torch.cuda.synchronize()
             self.cuda_peak = int(torch.cuda.max_memory_allocated()) - self.cuda_before
         else:
-            with torch.profiler.record_function(_END_AGAIN if self.retained else _END):
-                pass
+            self._mark(_END_AGAIN if self.retained else _END)
 
     @property
     def retained(self) -> bool:
@@ -141,10 +163,49 @@ class StepWindow:
         return self.profiler is None or threading.get_ident() == self.thread
 
     def abort(self) -> None:
-        """Stop measuring, with no measurement (where :meth:`closable`)."""
-        if self.closable():
+        """Stop measuring, with no measurement (where :meth:`closable`; not once a host's
+        profiler has measured it)."""
+        if self.closable() and not self.hosted:
             self.aborted = True
             self.close()
+
+    def waiting(self) -> bool:
+        """Whether the step's figures come later, when the host's block exits: the window is
+        closed by handing :attr:`then` the verdict to take, not by :meth:`close`."""
+        return self.host is not None and not self.hosted and not self.aborted
+
+    def detach(self) -> None:
+        """Remove the hooks on the parameters (the window stays measured by its host)."""
+        for handle in self.handles:  # hooks of a backward that did not reach every parameter
+            handle.remove()
+        self.handles = []
+
+    def take(self, prof: torch.profiler.profile) -> None:
+        """The host's block has exited: read this step's figures from its profiler (none
+        where the backward had not ended: it runs after the host, unmeasured), then hand the
+        window to :attr:`then` where it was closed meanwhile."""
+        self.hosted = True
+        _OPEN.discard(self)
+        if self.ended and not self.aborted:
+            self.hosted_peak, self.boundary, self.apart = self._peaks(prof)
+        else:
+            self.aborted = True
+        if self.then is not None:
+            then, self.then = self.then, None
+            then(self)
+
+    def _peaks(self, prof: torch.profiler.profile) -> tuple[int, int | None, int | None]:
+        """The step's peak, its peak between the forward's return and the backward's start,
+        and outside that span, from ``prof``'s events (the marks of this window)."""
+        tag = self.tag
+        peak, _, boundary, apart = _allocator_peaks(
+            prof,
+            until=(_END_AGAIN if self.retained else _END) + tag,
+            between=(_FORWARD_END + tag, _BACKWARD_START + tag),
+            released=(self.released, _ZERO_GRAD, _BACKWARD_START + tag),
+            since=_START + tag if self.host is not None else None,
+        )
+        return peak, boundary, apart
 
     def close(self) -> int | None:
         """Stop measuring (:meth:`closable` first): the step's peak bytes beyond what was
@@ -153,29 +214,25 @@ class StepWindow:
         assert self.closable()
         prof, self.profiler = self.profiler, None
         _OPEN.discard(self)
-        for handle in self.handles:  # hooks of a backward that did not reach every parameter
-            handle.remove()
-        self.handles = []
+        self.detach()
         if self.device == "cuda":
             return None if self.aborted else self.cuda_peak
+        if self.host is not None:
+            return None if self.aborted else self.hosted_peak
         if prof is None:
             return None
         prof.__exit__(None, None, None)
         if not self.ended or self.aborted:
             return None
-        between = (_FORWARD_END, _BACKWARD_START)
-        peak, _, self.boundary, self.apart = _allocator_peaks(
-            prof,
-            until=_END_AGAIN if self.retained else _END,
-            between=between,
-            released=(self.released, _ZERO_GRAD, _BACKWARD_START),
-        )
+        peak, self.boundary, self.apart = self._peaks(prof)
         return peak
 
 
 #: the windows open in this process, held here until closed: a profiler dropped unstopped
 #: (its module garbage-collected) stays enabled, and every later check would find it running
 _OPEN: set[StepWindow] = set()
+#: the suffixes of hosted windows' mark names
+_TAGS = itertools.count()
 
 
 def abort_windows() -> None:
@@ -189,10 +246,18 @@ def abort_windows() -> None:
 
 def open_window(device: torch.device) -> StepWindow | None:
     """Start measuring a step on ``device``; None where it cannot be or should not be (a
-    profiler runs already: profilers do not nest, and on CUDA it may be measuring the step
-    with the peak statistics this would reset)."""
+    profiler runs already that no :class:`~checkmate.memory.MemoryTracker` of this thread
+    started: profilers do not nest, only their owner reads their events; on CUDA, one may be
+    measuring the step with the peak statistics this would reset)."""
     if torch._C._autograd._profiler_enabled():  # the step is being measured already
-        return None
+        host = running_tracker()
+        if host is None or device.type != "cpu":
+            return None
+        window = StepWindow("cpu", host=host, tag=f"#{next(_TAGS)}")
+        window._mark(_START)
+        host.ride(window.take)
+        _OPEN.add(window)
+        return window
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

@@ -260,3 +260,30 @@ def test_the_peak_between_two_marks_is_measured_from_what_was_live_at_the_first(
     # outside the span: the 9 MB before it (1 + 8), the 5 MB after it
     assert _allocator_peaks(prof, between=("open", "shut")) == (9 * MB, 0, 3 * MB, 9 * MB)
     assert _allocator_peaks(prof, between=("open", "missing"))[2:] == (None, None)
+
+
+def test_a_step_inside_measure_peak_is_counted_from_its_mark_as_if_a_profiler_started_there() -> None:
+    # a step measured whole inside the caller's tracker (checkmate.stepcheck): what was
+    # allocated before its start mark is not counted, nor its free; the tracker's own figure
+    # is unchanged, and its riders get the stopped profiler when the block exits
+    from checkmate.memory import MemoryTracker, _allocator_peaks, running_tracker
+
+    got: list[tuple[int, int, int | None, int | None]] = []
+    assert running_tracker() is None
+    with MemoryTracker() as tracker:
+        assert running_tracker() is tracker
+        tracker.ride(lambda prof: got.append(_allocator_peaks(prof, until="end", since="start")))
+        a = _bytes(6 * MB)  # before the step: the tracker's, not the step's
+        with torch.profiler.record_function("start"):
+            pass
+        b = _bytes(2 * MB)
+        del a  # allocated before the mark: no less than the step allocated
+        c = _bytes(1 * MB)  # 3 MB live since the mark: the step's peak
+        del b, c
+        with torch.profiler.record_function("end"):
+            pass
+        d = _bytes(4 * MB)  # after the step's end
+        del d
+    assert running_tracker() is None
+    assert tracker.peak == 8 * MB
+    assert got == [(3 * MB, 0, None, None)]

@@ -71,8 +71,9 @@ def _planner(model: nn.Module) -> Planner:
 
 
 def _step_budget(planner: Planner, x: torch.Tensor) -> int:
-    """The bytes the plans of this input's step were made for (one graph per step here)."""
-    idx = planner.steps[_signature((x,), {})]
+    """The bytes the plans of this input's step were made for (one graph per step here; its
+    latest plan, where the step was compiled again)."""
+    idx = planner.latest[_signature((x,), {})]
     return sum(planner.records[i].result.budget for i in idx)
 
 
@@ -122,7 +123,11 @@ def test_an_epoch_of_varying_shapes_plans_few_times_and_stays_in_budget(name: st
         f"\n{name} at {budget}: {shapes} shapes, {len(planner.records)} graphs compiled, "
         f"{planner.plans_made} plans made\n  " + "\n  ".join(lines)
     )
-    assert len(planner.records) == shapes  # every shape was compiled and planned (none eager)
+    # every shape was compiled and planned (none eager); under a byte budget, the steps measured
+    # (inside measure_peak) can have the module compiled again, once here: the room the first
+    # plans left for a loss outside the module, where none is, given back
+    assert all(_signature((x,), {}) in planner.latest for x in batches)
+    assert shapes <= len(planner.records) <= (2 * shapes if budget_kind == "bytes" else shapes)
     assert planner.plans_made <= 3
 
 
