@@ -46,14 +46,26 @@ def _step(model: Any, x: Any, y: Any, heavy: int = 1) -> None:
     # the loss outside the module: label smoothing and a z-loss hold logits-sized tensors, and
     # (heavy) a penalty on the sigmoids more than the room the first plan leaves for a loss
     # (three times the logits' bytes) before any step was measured, (heavy=2) and on entropy
-    out = model(x)
+    _loss(model(x), y, heavy).backward()
+
+
+def _loss(out: Any, y: Any, heavy: int = 1) -> Any:
     loss = nn.functional.cross_entropy(out, y, label_smoothing=0.1) + 1e-4 * out.logsumexp(-1).pow(2).mean()
     if heavy:
         loss = loss + 1e-3 * out.sigmoid().pow(2).mean()
     if heavy > 1:
         logp = out.log_softmax(-1)
         loss = loss + 1e-2 * (logp.exp() * logp).sum(-1).mean()
-    loss.backward()
+    return loss
+
+
+def _optimized(vocab: int, fraction: float) -> tuple[Any, Any, nn.Module, int, nn.Module]:
+    """The batch, the model, a byte budget of ``fraction`` of its eager step's peak (its loss
+    outside it), and the model optimized at it."""
+    x, y = _batch(vocab)
+    model = _head_model(vocab)
+    budget = int(fraction * measure_peak(lambda: _step(copy.deepcopy(model), x, y)))
+    return x, y, model, budget, checkmate.optimize(model, budget, time_limit=5)
 
 
 def _ratio(message: str) -> float:
@@ -75,12 +87,8 @@ def _train(opt: Any, model: nn.Module, x: Any, y: Any, steps: int) -> list[warni
 
 
 def test_a_loss_outside_the_module_is_measured_and_planned_around() -> None:
-    vocab = 8192
-    x, y = _batch(vocab)
-    model = _head_model(vocab)
+    x, y, model, budget, opt = _optimized(8192, 0.8)
     ref = copy.deepcopy(model)
-    budget = int(0.8 * measure_peak(lambda: _step(copy.deepcopy(model), x, y)))
-    opt = checkmate.optimize(model, budget, time_limit=5)
     _step(opt, x, y)  # compiles and plans; the first plan guesses at the loss, too little
     model.zero_grad()
     first = measure_peak(lambda: _step(opt, x, y))
@@ -244,11 +252,7 @@ def test_steps_each_measured_by_measure_peak_are_measured_whole_and_planned_arou
     # its block exits. Before, none was measured: every step ran 1.04x the budget, unwarned.
     # With the optimizer step inside the block the verdict comes at the block's exit; outside
     # it, at the optimizer step, after the block's events were read
-    vocab = 8192
-    x, y = _batch(vocab)
-    model = _head_model(vocab)
-    budget = int(0.8 * measure_peak(lambda: _step(copy.deepcopy(model), x, y)))
-    opt = checkmate.optimize(model, budget, time_limit=5)
+    x, y, model, budget, opt = _optimized(8192, 0.8)
     sgd = torch.optim.SGD(model.parameters(), lr=0.0)
 
     def step() -> None:
@@ -277,11 +281,7 @@ def test_steps_each_measured_by_measure_peak_are_measured_whole_and_planned_arou
 def test_a_step_whose_backward_runs_after_measure_peak_is_measured_at_a_later_call() -> None:
     # the caller's block ended before the backward: its events hold no whole step, which is
     # measured at the next call instead (not taken for measured, nor for a step without backward)
-    vocab = 8192
-    x, y = _batch(vocab)
-    model = _head_model(vocab)
-    budget = int(0.8 * measure_peak(lambda: _step(copy.deepcopy(model), x, y)))
-    opt = checkmate.optimize(model, budget, time_limit=5)
+    x, y, model, _, opt = _optimized(8192, 0.8)
     sgd = torch.optim.SGD(model.parameters(), lr=0.0)
     _step(opt, x, y)
     sgd.zero_grad()
@@ -290,10 +290,7 @@ def test_a_step_whose_backward_runs_after_measure_peak_is_measured_at_a_later_ca
         for _ in range(3):
             held: list[Any] = []
             measure_peak(functools.partial(lambda out: out.append(opt(x)), held))  # the forward alone
-            loss = nn.functional.cross_entropy(held[0], y, label_smoothing=0.1)
-            (
-                loss + 1e-4 * held[0].logsumexp(-1).pow(2).mean() + 1e-3 * held[0].sigmoid().pow(2).mean()
-            ).backward()
+            _loss(held[0], y).backward()
             sgd.step()
             sgd.zero_grad()
     assert not [w for w in caught if issubclass(w.category, checkmate.BudgetWarning)]  # none measured
