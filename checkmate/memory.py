@@ -85,6 +85,7 @@ class MemoryTracker:
         self._storages: _StorageCounter | None = None
         self._thread = threading.get_ident()
         self._riders: list[Callable[[torch.profiler.profile], None]] = []
+        self._cuda_high = 0  # the CUDA peak statistic before a reset inside the block
 
     def __enter__(self) -> MemoryTracker:
         from checkmate.stepcheck import abort_windows
@@ -132,7 +133,7 @@ class MemoryTracker:
             torch.cuda.synchronize()
             # None: CUDA was first used inside the block, so none of its memory was live before.
             before = self._cuda_before or 0
-            cuda_peak = torch.cuda.max_memory_allocated() - before
+            cuda_peak = max(torch.cuda.max_memory_allocated(), self._cuda_high) - before
             if cuda_peak > 0:
                 self.peak = cuda_peak
                 self.current = torch.cuda.memory_allocated() - before
@@ -140,6 +141,12 @@ class MemoryTracker:
         for rider in riders:  # after this tracker's own figures: a step measured inside it
             assert prof is not None  # riders ride an allocator tracker only
             rider(prof)  # its verdict may warn
+
+    def reset_cuda_peak(self) -> None:
+        """Reset CUDA's peak statistic inside the block (a training step measured whole
+        inside it, on CUDA), keeping the peak seen so far for this tracker's own figure."""
+        self._cuda_high = max(self._cuda_high, int(torch.cuda.max_memory_allocated()))
+        torch.cuda.reset_peak_memory_stats()
 
     def ride(self, rider: Callable[[torch.profiler.profile], None]) -> None:
         """Have ``rider(profiler)`` called when the block exits, with the stopped profiler

@@ -248,11 +248,14 @@ def open_window(device: torch.device) -> StepWindow | None:
     """Start measuring a step on ``device``; None where it cannot be or should not be (a
     profiler runs already that no :class:`~checkmate.memory.MemoryTracker` of this thread
     started: profilers do not nest, only their owner reads their events; on CUDA, one may be
-    measuring the step with the peak statistics this would reset)."""
-    if torch._C._autograd._profiler_enabled():  # the step is being measured already
-        host = running_tracker()
-        if host is None or device.type != "cpu":
-            return None
+    measuring the step with the peak statistics this would reset). Inside a tracker, a CPU
+    step is marked in its profiler, and on CUDA the tracker keeps the peak it saw before the
+    statistics are reset."""
+    profiled = torch._C._autograd._profiler_enabled()
+    host = running_tracker() if profiled else None
+    if profiled and host is None:  # a profiler of the user's, whose events only they read
+        return None
+    if host is not None and device.type == "cpu":
         window = StepWindow("cpu", host=host, tag=f"#{next(_TAGS)}")
         window._mark(_START)
         host.ride(window.take)
@@ -260,7 +263,10 @@ def open_window(device: torch.device) -> StepWindow | None:
         return window
     if device.type == "cuda":
         torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        if host is not None:
+            host.reset_cuda_peak()  # the tracker keeps the peak it saw before
+        else:
+            torch.cuda.reset_peak_memory_stats()
         window = StepWindow("cuda", cuda_before=int(torch.cuda.memory_allocated()))
         _OPEN.add(window)
         return window

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -40,3 +42,14 @@ def _fresh_least_peak_memo() -> None:
     from solvers.strategies import least_peak
 
     least_peak._MEMO.clear()
+
+
+@pytest.fixture(autouse=True)
+def _no_step_measured_across_tests() -> Iterator[None]:
+    """A training step a test left being measured whole (no optimizer step or later call
+    closed its window: checkmate.stepcheck) is dropped unjudged when the test ends: its
+    verdict, and a profiler it runs, must not land in the next test."""
+    yield
+    api = sys.modules.get("checkmate.api")
+    if api is not None:
+        api._close_windows_at_exit()

@@ -278,6 +278,42 @@ def test_a_loss_outside_the_module_is_planned_around_on_cuda() -> None:
     assert peak <= STEP_SLACK * budget
 
 
+def test_steps_each_measured_by_measure_peak_are_planned_around_on_cuda() -> None:
+    # the CPU test of that name (tests/integration/test_step_check.py) on CUDA: a step inside
+    # measure_peak resets CUDA's peak statistic for its own measurement, and the tracker keeps
+    # the peak it saw before (a block allocating 64 MiB before such a step measures at least it)
+    import checkmate
+    from checkmate.stepcheck import STEP_SLACK
+    from tests.integration.test_step_check import _batch, _head_model, _step
+
+    vocab = 8192
+    x, y = (t.cuda() for t in _batch(vocab))
+    model = _head_model(vocab).cuda()
+    budget = int(0.7 * _peak(lambda: _step(copy.deepcopy(model), x, y)))
+    opt = checkmate.optimize(model, budget, time_limit=10)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+    _step(opt, x, y)
+    sgd.zero_grad()
+
+    def before_and_step() -> None:
+        big = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
+        del big
+        _step(opt, x, y)
+        sgd.step()
+        sgd.zero_grad()
+
+    assert _peak(before_and_step) >= 64 * 2**20  # the step measured inside did not hide it
+    state = opt.__dict__["_checkmate_state"]
+    assert state.stepped  # and the step was measured
+    peaks = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(4):
+            peaks.append(_peak(lambda: (_step(opt, x, y), sgd.step(), sgd.zero_grad())))
+    print("\nGPU each step in measure_peak: " + " ".join(f"{p / budget:.3f}x" for p in peaks))
+    assert max(peaks[1:]) <= STEP_SLACK * budget
+
+
 def test_a_dropout_mask_recomputed_on_cuda_draws_what_eager_drew() -> None:
     """The CUDA generator's seed and offset, taken before each dropout, replay its mask
     (checkmate.rng): six dropout blocks at 0.3 of eager's peak recompute masks, the caller's
