@@ -7,27 +7,29 @@ the module that is several logits-sized tensors beside every activation the plan
 Hugging Face GPT-2 (2 layers, 2000-word vocabulary) with its cross-entropy outside, at 0.6
 of eager's peak, measured 1.24x its byte budget, with no warning.
 
-So the second call of each input signature (the first runs the compile) is measured from
-the start of its forward to the end of its backward (the gradient of its last parameter
-accumulated: the backward of modules before it, optimized apart, is theirs). On CUDA the end reads
-``max_memory_allocated`` (its peak statistics are reset at the start). On the CPU only the
-allocator's events see every allocation, and they come from a profiler: one is started at
-the forward, the end of the backward is marked in it, and it is stopped at the next optimizer step or call of an optimized module,
-whichever comes first, or at exit. (It cannot be stopped inside the backward: autograd
-restores the profiler state it captured when the backward started.) A call of the same
-module before the backward of its earlier calls (two views of a batch, a GAN's
-discriminator on real and fake data) is part of the step: the window stays open through
-it, to the end of their one backward. Planning and
-:func:`checkmate.memory.measure_peak` first abort any window still open (:func:`abort_windows`):
-they must not run inside a profiler they did not start, and the step is measured at a later
-call instead. Profilers do not nest: a step that starts inside
+So the second call of each input signature (the first runs the compile) is measured from the
+start of its forward to the end of its backward (the gradient of its last parameter
+accumulated: the backward of modules before it, optimized apart, is theirs). On CUDA the end
+reads ``max_memory_allocated`` (its peak statistics are reset at the start; inside
+:func:`checkmate.memory.measure_peak` too, whose tracker keeps the peak it saw before). On the CPU only
+the allocator's events see every allocation, and they come from a profiler: one is started
+at the forward, the end of the backward is marked in it, and it is stopped at the next
+optimizer step or call of an optimized module, whichever comes first, or at exit. (It cannot
+be stopped inside the backward: autograd restores the profiler state it captured when the
+backward started.) A call of the same module before the backward of its earlier calls (two
+views of a batch, a GAN's discriminator on real and fake data) is part of the step: the
+window stays open through it, to the end of their one backward. Planning and
+:func:`checkmate.memory.measure_peak` first abort any window still open
+(:func:`abort_windows`): they must not run inside a profiler they did not start, and the
+step is measured at a later call instead. Profilers do not nest: a step that starts inside
 :func:`checkmate.memory.measure_peak` (a loop or benchmark measuring each step) is marked in
-that tracker's profiler instead, from a mark at its start, and its figures are read from
-its events when its block exits (the verdict then waits for them); a step whose backward
-ends after the block is measured at a later call. Inside a profiler the user started
+that tracker's profiler instead, from a mark at its start, and its figures are read from its
+events when its block exits (the verdict then waits for them); a step whose backward ends
+after the block is measured at a later call. Inside a profiler the user started
 (``torch.profiler``), whose events only its owner reads, the step is not measured: with a
-``schedule``, at a step outside its warmup and active steps. A step over the budget has the module planned again
-with the excess as room (:mod:`checkmate.api`), and warns when that does not fit either.
+``schedule``, at a step outside its warmup and active steps. A step over the budget has the
+module planned again with the excess as room (:mod:`checkmate.api`), and warns when that
+does not fit either.
 """
 
 from __future__ import annotations
