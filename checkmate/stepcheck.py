@@ -220,6 +220,7 @@ class StepWindow:
         if self.device == "cuda":
             return None if self.aborted else self.cuda_peak
         if self.host is not None:
+            self.aborted = self.aborted or not self.hosted  # closed before its host's block ended
             return None if self.aborted else self.hosted_peak
         if prof is None:
             return None
