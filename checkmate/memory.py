@@ -138,9 +138,15 @@ class MemoryTracker:
                 self.peak = cuda_peak
                 self.current = torch.cuda.memory_allocated() - before
                 self.device = "cuda"
+        failed: list[Exception] = []
         for rider in riders:  # after this tracker's own figures: a step measured inside it
             assert prof is not None  # riders ride an allocator tracker only
-            rider(prof)  # its verdict may warn
+            try:
+                rider(prof)  # its verdict may warn (an error under -W error)
+            except Exception as error:  # every rider runs: each one's step waits for its figures
+                failed.append(error)
+        if failed and exc_type is None:  # not in place of the block's own exception
+            raise failed[0]
 
     def reset_cuda_peak(self) -> None:
         """Reset CUDA's peak statistic inside the block (a training step measured whole
@@ -220,7 +226,9 @@ def _allocator_peaks(
             events.append((e.start_time_ns, len(events), fields.ptr, fields.alloc_size))
     events.sort()
     if since is not None:
-        start = min(marks.get(since, [max((ev[0] for ev in events), default=0) + 1]))
+        if since not in marks:
+            return 0, 0, None, None
+        start = min(marks[since])
         events = [ev for ev in events if ev[0] >= start]
         frees = [t for t in frees if t >= start]
         marks = {name: [t for t in times if t >= start] for name, times in marks.items()}
