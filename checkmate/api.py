@@ -170,6 +170,10 @@ class CheckmateState:
     warned_outside: bool = False
     #: a planned step was differentiated with create_graph=True, and a warning said so
     warned_double: bool = False
+    #: input signature -> its calls in a row that a profiler of the user's kept from being
+    #: measured whole (:func:`_profiled`), and whether a warning said that none could be
+    profiled: Counter[tuple[Any, ...]] = field(default_factory=Counter, repr=False)
+    warned_profiled: bool = False
     #: thread id -> depth of :func:`disabled` blocks: that thread's calls run the original forward
     disabled: dict[int, int] = field(default_factory=dict)
     #: the keyword arguments :func:`optimize` was called with (budget included): a copy or an
@@ -787,7 +791,10 @@ def _training_call(
         else:
             state.window = open_window(device)
             state.window_calls = _CALLS[0]
+            if state.window is None and torch._C._autograd._profiler_enabled():
+                _profiled(state, key)
             if state.window is not None:
+                state.profiled.pop(key, None)
                 state.window.grads_held = grads_held
                 _OPEN.add(state)
                 weakref.finalize(state, state.window.abort)  # a module dropped mid-measurement
@@ -1486,6 +1493,37 @@ def _measure_until_backward(module: nn.Module, state: CheckmateState, key: tuple
 _OPEN: weakref.WeakSet[CheckmateState] = weakref.WeakSet()
 #: training calls of optimized modules in this process (one counter, in a list)
 _CALLS = [0]
+
+
+#: calls in a row of an input signature, each inside a profiler of the user's, after which a
+#: warning says that its steps are not measured whole
+_PROFILED_CALLS = 16
+
+
+def _profiled(state: CheckmateState, key: tuple[Any, ...]) -> None:
+    """A step of ``key`` due to be measured whole ran inside a profiler of the user's (whose
+    events only its owner reads; on CUDA, one measuring with the peak statistics the
+    measurement resets): measured at a later call. Said at the first such call; after
+    :data:`_PROFILED_CALLS` of them in a row (a profiler around the whole loop), a
+    :class:`BudgetWarning` says that memory held outside the module goes unchecked."""
+    state.profiled[key] += 1
+    if sum(state.profiled.values()) == 1:
+        log.info(
+            "the training step ran inside a profiler (torch.profiler), beside which it cannot be measured "
+            "whole: it is measured at a later call outside one"
+        )
+    if state.profiled[key] < _PROFILED_CALLS or state.warned_profiled:
+        return
+    state.warned_profiled = True
+    warnings.warn(
+        f"the module's last {_PROFILED_CALLS} training steps of these input sizes all ran inside a profiler "
+        "(torch.profiler), beside which checkmate cannot measure a step whole: what your code holds outside the "
+        "module between its forward and backward (a loss on its outputs) is not checked against the byte budget. "
+        "Run some steps outside the profiler, or profile with a schedule "
+        "(torch.profiler.schedule): steps outside its warmup and active steps are measured",
+        BudgetWarning,
+        stacklevel=_caller_level(),
+    )
 
 
 def _close_window(state: CheckmateState) -> None:

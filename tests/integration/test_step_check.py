@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import checkmate  # noqa: E402
-from checkmate.api import _PATH_TRIES, plans_of  # noqa: E402
+from checkmate.api import _PATH_TRIES, _PROFILED_CALLS, plans_of  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
 from checkmate.runtime import OverheadWarning  # noqa: E402
 from checkmate.stepcheck import STEP_SLACK  # noqa: E402
@@ -467,6 +467,63 @@ def test_room_guessed_for_a_loss_is_given_back_when_the_step_measures_less() -> 
     )
     assert last.result.peak > first.result.peak and last.recomputes < first.recomputes
     assert peak <= STEP_SLACK * budget
+
+
+def test_room_guessed_for_a_loss_is_not_given_back_by_compiling_plans_that_keep_every_value() -> None:
+    # at twice eager's peak every plan keeps every value, room for a loss or not: giving back
+    # the room guessed for one, measured as nearly nothing (a mean), compiled the module again
+    # at each shape's next call, the plans the same as before
+    vocab = 8192
+    model = _head_model(vocab)
+    batches = [torch.randn(n, 256, generator=torch.Generator().manual_seed(n)) for n in (256, 192)]
+
+    def step(m: Any, x: Any) -> None:
+        m(x).mean().backward()
+
+    budget = int(2.0 * measure_peak(lambda: step(copy.deepcopy(model), batches[0])))
+    opt = checkmate.optimize(model, budget, time_limit=5)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+    peaks = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", checkmate.BudgetWarning)
+        for _ in range(3):
+            for x in batches:
+                peaks.append(measure_peak(lambda x=x: step(opt, x)))
+                sgd.step()
+                sgd.zero_grad()
+    planner = opt.__dict__["_checkmate_state"].planner
+    print(f"{len(planner.records)} graphs; measured {[round(p / budget, 3) for p in peaks]}x the budget")
+    assert planner.loss_guess == {} and planner.given_back, (
+        "no room was guessed and measured: nothing to test"
+    )
+    assert all(r.is_eager for r in planner.records)
+    assert len(planner.records) == len(batches)
+    assert max(peaks) <= STEP_SLACK * budget
+
+
+def test_steps_all_inside_a_profiler_of_the_users_warn_that_they_are_not_measured() -> None:
+    # a torch.profiler around the whole loop: no step can be measured whole beside it (only
+    # its owner reads its events), so the loss outside the module went unchecked, silently
+    x, y, model, _, opt = _optimized(1024, 0.8)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+    state = opt.__dict__["_checkmate_state"]
+    key = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True):
+            for call in range(_PROFILED_CALLS + 3):
+                _step(opt, x, y)
+                sgd.step()
+                sgd.zero_grad()
+                key = key or next(iter(state.planner.latest))
+                said = [w for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
+                # the first call plans; from the second, each is due to be measured
+                assert len(said) == (call >= _PROFILED_CALLS), (call, [str(w.message) for w in said])
+        assert key not in state.stepped
+        assert "ran inside a profiler" in str(said[0].message)
+        _step(opt, x, y)  # outside it: measured whole at its optimizer step
+        sgd.step()
+    assert key in state.stepped and not state.profiled
 
 
 def test_room_given_back_stays_at_the_boundary_where_the_loss_runs(monkeypatch: pytest.MonkeyPatch) -> None:
