@@ -121,6 +121,14 @@ def gradient_bytes(graph: Graph) -> int:
     return sum(int(graph.mem[i]) for i in graph.preds[graph.n - 1] if backward[i])
 
 
+def largest_gradient(graph: Graph) -> int:
+    """The bytes of ``graph``'s largest backward output: where calls of it share one
+    backward, autograd sums each gradient of theirs with the earlier ones' out of place, as a
+    compiled backward returns them all at once, beside both (the first sum is the largest)."""
+    backward = graph.backward_mask
+    return max((int(graph.mem[i]) for i in graph.preds[graph.n - 1] if backward[i]), default=0)
+
+
 def tangent_bytes(graph: Graph) -> int:
     """The bytes of the gradients of ``graph``'s outputs its backward is given."""
     return sum(n.mem for n in graph.nodes if n.op.startswith("tangents"))
