@@ -411,6 +411,43 @@ def test_a_discriminator_on_real_and_fake_data_is_planned_beside_the_sums_of_its
     assert max(peaks) <= STEP_SLACK * budget
 
 
+def test_the_step_that_finds_calls_held_at_once_warns_of_at_most_what_it_exceeds() -> None:
+    # a discriminator whose 784-wide layers hold more for its backward than its gradients: the
+    # second call, planned alone, runs beside what the first holds. The warning counted the
+    # first call's backward beside the second's gradients only: 81 KiB, where the step ran
+    # 299 KiB over
+    import re
+
+    from checkmate.runtime import BudgetWarning
+
+    torch.manual_seed(0)
+    width = 48
+    block = lambda: [nn.Linear(width, width), nn.LayerNorm(width), nn.GELU()]  # noqa: E731
+    disc = nn.Sequential(
+        nn.LayerNorm(784), nn.GELU(), nn.LayerNorm(784), nn.SiLU(), nn.Linear(784, width), nn.GELU(),
+        *block(), *block(), *block(), nn.Linear(width, 1),
+    )  # fmt: skip
+    real, fake = torch.randn(32, 784), torch.randn(32, 784)
+
+    def step(m: nn.Module) -> None:
+        bce = nn.functional.binary_cross_entropy_with_logits
+        (bce(m(real), torch.ones(32, 1)) + bce(m(fake), torch.zeros(32, 1))).backward()
+
+    eager = copy.deepcopy(disc)
+    step(eager)
+    eager.zero_grad(set_to_none=True)
+    budget = int(0.6 * measure_peak(lambda: step(eager)))
+    opt = checkmate.optimize(disc, budget, time_limit=TIME_LIMIT)
+    with pytest.warns(BudgetWarning, match="can exceed it by up to") as got:
+        peak = measure_peak(lambda: step(opt))
+    said = next(str(w.message) for w in got if "can exceed it by up to" in str(w.message))
+    number, unit = re.search(r"by up to ([0-9.]+) (B|KiB|MiB)", said).groups()  # type: ignore[union-attr]
+    bound = float(number) * {"B": 1, "KiB": 1024, "MiB": 1024**2}[unit]
+    print(f"the step ran {peak - budget:,} B over the budget; the warning said at most {bound:,.0f}")
+    assert peak > budget, "the step did not exceed: nothing to test"
+    assert peak - budget <= bound
+
+
 def _contrastive(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     """A CLIP/SimCLR-style loss on two views: a rows x rows similarity matrix, outside the
     module, holding more than the embeddings it is computed from."""
