@@ -67,7 +67,7 @@ from checkmate.runtime import (
     log,
     repeated,
 )
-from checkmate.stepcheck import STEP_SLACK, StepWindow, abort_windows, open_window
+from checkmate.stepcheck import STEP_SLACK, StepWindow, abort_windows, open_window, users_profiler
 from checkmate.uncaptured import break_reasons, dynamo_failures, uncaptured
 from solvers.budget import BudgetSpec, format_bytes, parse_budget
 from solvers.errors import CheckmateError, TraceError
@@ -791,7 +791,7 @@ def _training_call(
         else:
             state.window = open_window(device)
             state.window_calls = _CALLS[0]
-            if state.window is None and torch._C._autograd._profiler_enabled():
+            if state.window is None and users_profiler():
                 _profiled(state, key)
             if state.window is not None:
                 state.profiled.pop(key, None)

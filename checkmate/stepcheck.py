@@ -45,7 +45,7 @@ import torch
 
 from checkmate.memory import MemoryTracker, _allocator_peaks, running_tracker
 
-__all__ = ["STEP_SLACK", "StepWindow", "abort_windows", "open_window"]
+__all__ = ["STEP_SLACK", "StepWindow", "abort_windows", "open_window", "users_profiler"]
 
 #: a measured step within this factor of the budget counts as within it (allocator rounding)
 STEP_SLACK = 1.02
@@ -245,6 +245,15 @@ def abort_windows() -> None:
     with the wrong method)."""
     for window in list(_OPEN):
         window.abort()
+
+
+def users_profiler() -> bool:
+    """Whether a profiler runs that the user started: neither a window's own nor a
+    :class:`~checkmate.memory.MemoryTracker`'s (another optimized module's step being
+    measured is no profiler of theirs)."""
+    if not torch._C._autograd._profiler_enabled() or running_tracker() is not None:
+        return False
+    return not any(window.profiler is not None for window in _OPEN)
 
 
 def open_window(device: torch.device) -> StepWindow | None:

@@ -526,6 +526,27 @@ def test_steps_all_inside_a_profiler_of_the_users_warn_that_they_are_not_measure
     assert key in state.stepped and not state.profiled
 
 
+def test_only_a_profiler_the_user_started_counts_as_theirs() -> None:
+    # a step due to be measured inside another optimized module's measurement (a GAN's
+    # discriminator inside its generator's step), or inside measure_peak, runs in no profiler of
+    # the user's: only theirs keeps steps unmeasured, and warns after _PROFILED_CALLS calls
+    from checkmate.memory import MemoryTracker
+    from checkmate.stepcheck import open_window, users_profiler
+
+    assert not users_profiler()
+    window = open_window(torch.device("cpu"))
+    assert window is not None and window.profiler is not None  # a window of checkmate's own
+    try:
+        assert torch._C._autograd._profiler_enabled() and not users_profiler()
+    finally:
+        window.abort()
+    with MemoryTracker() as tracker:
+        assert not users_profiler()
+    assert tracker.method == "allocator"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert users_profiler()
+
+
 def test_room_given_back_stays_at_the_boundary_where_the_loss_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     # the loss (a square of the logits) holds 4 MiB between the forward and the backward, none
     # beside the first plan's peak (in its backward): given all its room back, the next plan
