@@ -15,6 +15,7 @@ import collections
 import contextlib
 import copy
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -361,6 +362,25 @@ def test_calls_held_at_once_before_one_backward_are_planned_to_fit_a_byte_budget
         assert measure_peak(lambda: pair(x1, x2).backward()) <= budget
 
 
+def _discriminated(
+    disc: nn.Module, rows: int, fraction: float
+) -> tuple[Callable[[nn.Module], None], nn.Module, int, nn.Module]:
+    """A GAN discriminator's step on ``rows`` real and fake rows (two calls, one loss, one
+    backward), ``disc``'s eager copy, a byte budget of ``fraction`` of the copy's step, and
+    ``disc`` optimized at it."""
+    real, fake = torch.randn(rows, 784), torch.randn(rows, 784)
+
+    def step(m: nn.Module) -> None:
+        bce = nn.functional.binary_cross_entropy_with_logits
+        (bce(m(real), torch.ones(rows, 1)) + bce(m(fake), torch.zeros(rows, 1))).backward()
+
+    eager = copy.deepcopy(disc)
+    step(eager)
+    eager.zero_grad(set_to_none=True)
+    budget = int(fraction * measure_peak(lambda: step(eager)))
+    return step, eager, budget, checkmate.optimize(disc, budget, time_limit=TIME_LIMIT)
+
+
 @pytest.mark.parametrize("fraction", [1.0, 1.1])
 def test_a_discriminator_on_real_and_fake_data_is_planned_beside_the_sums_of_its_gradients(
     fraction: float,
@@ -378,17 +398,7 @@ def test_a_discriminator_on_real_and_fake_data_is_planned_beside_the_sums_of_its
     disc = nn.Sequential(
         nn.Linear(784, 512), nn.LeakyReLU(0.2), nn.Linear(512, 256), nn.LeakyReLU(0.2), nn.Linear(256, 1)
     )  # fmt: skip
-    real, fake = torch.randn(128, 784), torch.randn(128, 784)
-
-    def step(m: nn.Module) -> None:
-        bce = nn.functional.binary_cross_entropy_with_logits
-        (bce(m(real), torch.ones(128, 1)) + bce(m(fake), torch.zeros(128, 1))).backward()
-
-    eager = copy.deepcopy(disc)
-    step(eager)
-    eager.zero_grad(set_to_none=True)
-    budget = int(fraction * measure_peak(lambda: step(eager)))
-    opt = checkmate.optimize(disc, budget, time_limit=TIME_LIMIT)
+    step, eager, budget, opt = _discriminated(disc, 128, fraction)
     if fraction == 1.0:
         with pytest.raises(InfeasibleBudgetError, match="autograd's sums") as got:
             step(opt)
@@ -427,17 +437,7 @@ def test_the_step_that_finds_calls_held_at_once_warns_of_at_most_what_it_exceeds
         nn.LayerNorm(784), nn.GELU(), nn.LayerNorm(784), nn.SiLU(), nn.Linear(784, width), nn.GELU(),
         *block(), *block(), *block(), nn.Linear(width, 1),
     )  # fmt: skip
-    real, fake = torch.randn(32, 784), torch.randn(32, 784)
-
-    def step(m: nn.Module) -> None:
-        bce = nn.functional.binary_cross_entropy_with_logits
-        (bce(m(real), torch.ones(32, 1)) + bce(m(fake), torch.zeros(32, 1))).backward()
-
-    eager = copy.deepcopy(disc)
-    step(eager)
-    eager.zero_grad(set_to_none=True)
-    budget = int(0.6 * measure_peak(lambda: step(eager)))
-    opt = checkmate.optimize(disc, budget, time_limit=TIME_LIMIT)
+    step, _, budget, opt = _discriminated(disc, 32, 0.6)
     with pytest.warns(BudgetWarning, match="can exceed it by up to") as got:
         peak = measure_peak(lambda: step(opt))
     said = next(str(w.message) for w in got if "can exceed it by up to" in str(w.message))
