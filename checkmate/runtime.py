@@ -582,6 +582,11 @@ class Planner:
         if pending:
             raise pending[0].error
 
+    def _keep_every_value(self, indices: Sequence[int]) -> bool:
+        """Whether the plans of these records all keep every value (recompute and page
+        nothing): more room for them changes none of them."""
+        return all(self.records[i].is_eager for i in indices)
+
     def finish_call(self) -> None:
         """When a call's forward has returned: a graph of it planned with a guessed room for
         the graphs after it (:meth:`_later_room`) that is more than :data:`GUESS_SLACK` of
@@ -591,8 +596,8 @@ class Planner:
         guess = self.guessed.pop(self.step, None)
         if guess is None or self.step in self.split or self.budget.nbytes is None:
             return
-        if all(not self.records[i].recomputes and not self.records[i].paged for i in self.call):
-            return  # every plan keeps every value: more room changes none of them
+        if self._keep_every_value(self.call):
+            return  # more room changes none of the plans
         profile_id, rooms = guess
         needs = self._needs(profile_id)
         spare = max(room - sum(least for _, least in needs[k + 1 :]) for k, room in rooms.items())
@@ -1999,7 +2004,7 @@ class Planner:
                 # every plan keeps every value, which less room changes in none of them.
                 # Compiled again anyway, a loop over 4 shapes of a language model whose loss is
                 # outside it compiled 13 graphs, the plans the same as before
-                keeps_all = all(self.records[i].is_eager for i in graphs)
+                keeps_all = self._keep_every_value(graphs)
                 log.info(
                     "the training step measured %s of its budget of %s, planned with %s of room for a loss "
                     "outside the module, where it held about %s while the module ran and %s between its "

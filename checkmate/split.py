@@ -115,18 +115,22 @@ def backward_start(graph: Graph, schedule: Schedule) -> int:
     )
 
 
+def _gradient_sizes(graph: Graph) -> list[int]:
+    """The bytes of each of ``graph``'s backward outputs (its gradients), which the sink reads."""
+    backward = graph.backward_mask
+    return [int(graph.mem[i]) for i in graph.preds[graph.n - 1] if backward[i]]
+
+
 def gradient_bytes(graph: Graph) -> int:
     """The bytes of ``graph``'s backward outputs (its gradients), which the sink reads."""
-    backward = graph.backward_mask
-    return sum(int(graph.mem[i]) for i in graph.preds[graph.n - 1] if backward[i])
+    return sum(_gradient_sizes(graph))
 
 
 def largest_gradient(graph: Graph) -> int:
     """The bytes of ``graph``'s largest backward output: where calls of it share one
     backward, autograd sums each gradient of theirs with the earlier ones' out of place, as a
     compiled backward returns them all at once, beside both (the first sum is the largest)."""
-    backward = graph.backward_mask
-    return max((int(graph.mem[i]) for i in graph.preds[graph.n - 1] if backward[i]), default=0)
+    return max(_gradient_sizes(graph), default=0)
 
 
 def tangent_bytes(graph: Graph) -> int:
