@@ -1009,7 +1009,7 @@ def _check_uncaptured(
     pending = state.planner.unsettled.get(key)
     if pending:  # the step raises (a graph that cannot meet the fraction): say what else it holds
         note = f"{what}. {cause}"
-        if note not in getattr(pending[0].error, "__notes__", []):
+        if note not in pending[0].error.notes:
             pending[0].error.add_note(note)
         return
     if state.warned_uncaptured:

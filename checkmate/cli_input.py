@@ -67,8 +67,8 @@ def handled(fn: F) -> F:
         except InfeasibleBudgetError as exc:
             if debug:
                 raise
-            notes = " ".join(getattr(exc, "__notes__", ()))  # what the layers below added
-            click.echo(f"infeasible: {exc}" + (f" {notes}" if notes else ""))
+            # one line: the message, then what the layers below added (a line each in str(exc))
+            click.echo("infeasible: " + " ".join(str(exc).splitlines()))
             raise SystemExit(EXIT_NO_PLAN) from None
         except (CheckmateError, OSError) as exc:
             if debug:

@@ -25,7 +25,27 @@ __all__ = [
 
 
 class CheckmateError(Exception):
-    """Base class of every error raised on purpose by checkmate."""
+    """Base class of every error raised on purpose by checkmate.
+
+    A note added by a layer the error passes through (:meth:`add_note`: what else the step
+    held, a reserve taken off the budget) is part of the message: ``str(error)`` ends with
+    one line per note. Python's own notes print only in a traceback, so a loop that logs
+    ``str(error)`` lost the why.
+    """
+
+    def add_note(self, note: str, /) -> None:
+        """Appends ``note`` to the message (a line of its own), in place of ``__notes__``."""
+        if not isinstance(note, str):
+            raise TypeError(f"a note must be a str, not {type(note).__name__}")
+        self._notes = (*self.notes, note)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """The notes added to the message, in order."""
+        return self.__dict__.get("_notes", ())
+
+    def __str__(self) -> str:
+        return "\n".join((super().__str__(), *self.notes))
 
 
 class GraphError(CheckmateError, ValueError):

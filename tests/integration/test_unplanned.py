@@ -402,7 +402,7 @@ def test_a_discriminator_on_real_and_fake_data_is_planned_beside_the_sums_of_its
     if fraction == 1.0:
         with pytest.raises(InfeasibleBudgetError, match="autograd's sums") as got:
             step(opt)
-        assert "called 2 times before a backward" in "\n".join(got.value.__notes__)
+        assert "called 2 times before a backward" in "\n".join(got.value.notes)
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BudgetWarning)  # where the first call, planned alone, does not fit
@@ -507,7 +507,7 @@ def test_calls_held_at_once_that_no_plans_fit_together_raise() -> None:
     opt(x1).pow(2).mean().backward()
     with pytest.raises(InfeasibleBudgetError, match="no schedule fits") as got:
         _two_views(opt, x1, x2).backward()
-    assert "called 2 times before a backward" in "\n".join(got.value.__notes__)
+    assert "called 2 times before a backward" in "\n".join(got.value.notes)
 
 
 def test_calls_held_at_once_under_a_fraction_warn_once() -> None:

@@ -158,12 +158,12 @@ def test_a_budget_that_fits_only_without_the_outputs_held_plans_them_dropped_and
     model.zero_grad(set_to_none=True)
     with MemoryTracker() as tracker, pytest.raises(checkmate.InfeasibleBudgetError) as err:
         _loss_only(opt, x, y)
-    assert any("still held" in note for note in err.value.__notes__)
+    assert any("still held" in note for note in err.value.notes)
     assert tracker.peak <= budget, f"measured {tracker.peak:,} of a budget of {budget:,}"
     with warnings.catch_warnings(), pytest.raises(checkmate.InfeasibleBudgetError) as err:
         warnings.simplefilter("ignore", checkmate.BudgetWarning)  # the call whose backward raised
         _loss_only(opt, x, y)
-    assert any("an earlier step held them" in note for note in err.value.__notes__)
+    assert any("an earlier step held them" in note for note in err.value.notes)
 
 
 def _traced(fn, *shapes: tuple[int, ...]) -> torch.fx.GraphModule:
