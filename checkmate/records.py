@@ -54,6 +54,9 @@ class PlanRecord:
         asked_budget: the bytes the budget asked for this graph when it was planned at more
             (``result.budget``: a fraction infeasible for a small graph, see
             :meth:`checkmate.runtime.Planner.partition`); None when it was planned at the budget asked.
+        step_budget: the byte budget given to ``optimize`` (None under a fraction): more than
+            ``result.budget`` where the rest is left to what the step holds beside this
+            graph (gradients, a loss, DDP's buckets, earlier graphs' saved values).
         reused_from: the index of the record whose plan this graph runs (the same graph
             at other tensor sizes, see :meth:`checkmate.runtime.Planner.partition`), or None when this graph
             was planned itself.
@@ -76,6 +79,7 @@ class PlanRecord:
     cache: str = "disabled"
     paged: tuple[str, ...] = ()
     asked_budget: int | None = None
+    step_budget: int | None = None
     reused_from: int | None = None
     compiler: str = "aot"
     compiled: Calibration | None = None
@@ -178,9 +182,15 @@ class PlanRecord:
                         else ")"
                     )
                 )
+        # a byte budget's share for this graph read as the user's budget, cut without cause
+        # ("budget 5.38 MiB" where 9.06 MiB were asked): say where the rest went
+        beside = self.step_budget is not None and budget is not None and self.step_budget > budget
+        rest = (
+            f" of the {format_bytes(self.step_budget or 0)} asked, the rest left beside it" if beside else ""
+        )
         return (
-            f"graph {self.index}: {g.n - 1} ops, budget {format_bytes(budget)} "
-            f"({budget / max(self.reference_peak, 1):.0%} of {format_bytes(self.reference_peak)}), "
+            f"graph {self.index}: {g.n - 1} ops, budget {format_bytes(budget)}{rest} "
+            f"({budget / max(self.reference_peak, 1):.0%} of its keep-all {format_bytes(self.reference_peak)}), "
             f"simulated peak {format_bytes(res.peak or 0)}, {self.recomputes} recomputes, "
             f"{format_change(self.overhead)} compute, {chosen} ({res.status}){gap}"
         )

@@ -1513,6 +1513,7 @@ class Planner:
                 cache=_cache_status(res, self.plan_path),
                 paged=paged,
                 asked_budget=asked,
+                step_budget=self.budget.nbytes,
                 reused_from=reused,
                 compiler=compiler,
                 compiled=check,

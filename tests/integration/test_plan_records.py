@@ -20,6 +20,7 @@ import checkmate  # noqa: E402
 from checkmate.api import plans_of  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
 from checkmate.paging import page_out  # noqa: E402
+from solvers.budget import format_bytes  # noqa: E402
 from tests.integration import _models as M  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -171,3 +172,26 @@ def test_cache_status_says_pinned_only_for_a_plan_from_the_users_file(tmp_path: 
     # the user's file was rejected and the plan cache had the plan
     assert _cache_status(res("hit", tmp_path / "cache" / "k.json"), str(mine)) == "hit"
     assert _cache_status(res("miss", mine), str(mine)) == "miss"
+
+
+def test_a_graphs_share_of_a_byte_budget_says_what_was_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph planned at less than the byte budget given (the rest left to what the step holds
+    beside it: here DDP's buckets) says so: its line read as the user's budget, cut for no
+    reason ("budget 37.00 MiB" where 40 MiB were asked). Under a fraction it names none."""
+    import checkmate.runtime
+
+    monkeypatch.setenv("CHECKMATE_CACHE", "0")
+    monkeypatch.setattr(checkmate.runtime, "ddp_reserve", lambda: 3 << 20)
+    torch.manual_seed(0)
+    x = torch.randn(64, 128)
+    opt = checkmate.optimize(M.MLP(128, 4).train(), 40 << 20, time_limit=5)
+    _step(opt, x)
+    (rec,) = plans_of(opt)
+    assert rec.budget is not None and rec.budget <= 37 << 20 and rec.step_budget == 40 << 20
+    share = f"budget {format_bytes(rec.budget)} of the 40.00 MiB asked, the rest left beside it ("
+    assert share in rec.summary(), rec.summary()
+    monkeypatch.setattr(checkmate.runtime, "ddp_reserve", lambda: 0)
+    frac = checkmate.optimize(M.MLP(128, 4).train(), 1.0, time_limit=5)
+    _step(frac, x)
+    (rec,) = plans_of(frac)
+    assert rec.step_budget is None and "asked" not in rec.summary(), rec.summary()
