@@ -106,6 +106,8 @@ class CheckmateState:
         compiled: ``eager`` under torch.compile with the planner.
         eager_keys: input signature -> True when its plans recompute and page nothing.
         warned_unplanned: an :class:`UnplannedWarning` was issued (once per module).
+        warned_skipped: a planned step ran eagerly, skipped by Dynamo, and an
+            :class:`UnplannedWarning` said so (once per module, :func:`_rearm`).
         warned_eval: a step in ``eval()`` mode was backpropagated, and a warning said so.
         pending: the planned calls whose backward has not run yet, while their graphs live
             (:func:`_track_pending`).
@@ -149,6 +151,7 @@ class CheckmateState:
     compiled: Callable[..., Any]
     eager_keys: dict[tuple[Any, ...], bool] = field(default_factory=dict)
     warned_unplanned: bool = False
+    warned_skipped: bool = False
     warned_eval: bool = False
     pending: list[weakref.ref[_Pending]] = field(default_factory=list)
     outside_ddp: set[tuple[Any, ...]] = field(default_factory=set)
@@ -814,6 +817,8 @@ def _training_call(
     except BaseException:
         state.window_key = None
         _close_window(state)
+        if not state.planner.ran and (state.planner.latest.get(key) or not state.planner.records):
+            _rearm(state)  # raised before a planned step's graph ran: Dynamo traced it anew, and failed
         raise
     finally:
         state.planner.pending_held = 0  # only the call that found more calls held plans beside them
@@ -901,6 +906,8 @@ def _training_call(
         by_bytes = state.planner.budget.nbytes is not None
         inductor = any(r.compiler != "aot" for r in fresh)
         state.eager_keys[key] = bool(fresh) and all(r.is_eager for r in fresh) and not (by_bytes or inductor)
+    if state.planner.records and not state.planner.ran and len(state.planner.records) == before:
+        _skipped(self, state, key, out)
     if not state.planner.records and not state.warned_unplanned and _needs_grad(out):
         state.warned_unplanned = True
         if _recompile_limit_hit():
@@ -940,6 +947,55 @@ def _training_call(
             stacklevel=_caller_level(),
         )
     return out
+
+
+def _rearm(state: CheckmateState) -> None:
+    """Compile the step again at the next call, with a code object of its own
+    (:func:`_compile_again`). A compile of the forward that failed (``WON'T CONVERT``: an
+    exception raised inside it, ``if self.fail: raise``, or a construct Dynamo cannot trace
+    at some inputs) marks its code skipped for every later call, its compiled variants
+    included (torch 2.13's ``ConvertFrameReturn`` default; ``set_code_exec_strategy`` does
+    not reach the variants of an ``isolate_recompiles`` compile), so every later step ran
+    eagerly: a module whose forward raised once at its third step ran 1.11x its budget from
+    then on, unwarned, as plain ``torch.compile`` runs it eagerly. Its plans are reused
+    (their families, the plan cache); the graphs are traced again."""
+    if not state.recompile:
+        log.info(
+            "Dynamo may skip the compiled step from now on (a compile of the forward failed): compiling it again"
+        )
+    state.recompile = True
+
+
+def _skipped(self: nn.Module, state: CheckmateState, key: tuple[Any, ...], out: Any) -> None:
+    """A training call of a module with plans ran no compiled graph and compiled none: Dynamo
+    ran its forward eagerly, unplanned (its code marked skipped after a failed compile, a
+    ``torch.compiler.set_stance("force_eager")``, a new input signature it captured nothing
+    of). Its variants run again from the next call (:func:`_rearm`); a signature that
+    captured nothing runs eagerly from now on, as it would, without a failed compile at
+    every call. Warned once (:class:`UnplannedWarning`)."""
+    if not _needs_grad(out) or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
+        return  # under a fake mode the graphs run uncounted (Planner.backend)
+    planned = bool(state.planner.latest.get(key))
+    _rearm(state)
+    if not planned:
+        state.eager_keys[key] = True
+    if state.warned_skipped:
+        return
+    state.warned_skipped = True
+    what = (
+        "Dynamo skipped its compiled step (a compile of the forward that failed, at other inputs or "
+        "after an exception raised inside it, marks the forward's code skipped for every later call)"
+        if planned
+        else "torch.compile captured no graph with a backward at these input shapes (Dynamo ran the forward "
+        "eagerly): calls at these shapes run eagerly from now on"
+    )
+    warnings.warn(
+        f"a training step of {type(self).__name__} ran unplanned, with no memory bound: {what}. "
+        "The step is compiled again at the next call, and the shapes planned before run their plans. Look for "
+        "what makes Dynamo fall back (TORCH_LOGS=graph_breaks,recompiles)",
+        UnplannedWarning,
+        stacklevel=_caller_level(),
+    )
 
 
 #: ops run outside every captured graph that saved more than this share of the keep-all

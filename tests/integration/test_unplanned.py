@@ -565,3 +565,58 @@ def test_a_gradient_differentiated_again_warns_and_runs_under_disabled() -> None
         checkmate.disabled(eager),
     ):
         pass
+
+
+class _Refusing(nn.Module):
+    """An MLP whose forward raises while ``fail`` is set (a loop that skips a bad batch by
+    catching the error its forward raises)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = False
+        self.net = nn.Sequential(
+            nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 8)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fail:
+            raise ValueError("a bad batch")
+        return self.net(x)
+
+
+@pytest.mark.parametrize("at", [1, 3])
+def test_a_forward_that_raised_once_runs_its_plan_again(at: int) -> None:
+    # Dynamo, tracing the forward anew at the failing call (its guard on `fail`), gives up on
+    # it (WON'T CONVERT) and marks its code skipped for every later call, compiled variants
+    # included: every later step ran eagerly, unplanned and unwarned (1.11x the budget)
+    torch.manual_seed(0)
+    model, x = _Refusing().train(), torch.randn(256, 64)
+    eager = copy.deepcopy(model)
+    want = _step(eager, x)
+    budget = int(0.9 * measure_peak(lambda: _step(eager, x)))
+    opt = checkmate.optimize(model, budget, time_limit=TIME_LIMIT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnplannedWarning)
+        for call in range(1, 6):
+            opt.fail = call == at
+            if opt.fail:
+                with pytest.raises(ValueError, match="a bad batch"):
+                    _step(opt, x)
+                continue
+            peak = measure_peak(lambda: _step(opt, x))
+            assert peak <= budget, f"call {call}: measured {peak:,} of a budget of {budget:,}"
+            assert all(torch.equal(p.grad, w) for p, w in zip(opt.parameters(), want, strict=True))
+    assert checkmate.plans_of(opt) and checkmate.plans_of(opt)[-1].recomputes > 0
+
+
+def test_a_planned_step_dynamo_runs_eagerly_warns_and_is_compiled_again() -> None:
+    # a stance that runs every compiled function eagerly: the step ran unplanned, and says so
+    torch.manual_seed(0)
+    model, x = _Refusing().train(), torch.randn(256, 64)
+    budget = int(0.9 * measure_peak(lambda: _step(copy.deepcopy(model), x)))
+    opt = checkmate.optimize(model, budget, time_limit=TIME_LIMIT)
+    _step(opt, x)
+    with torch.compiler.set_stance("force_eager"), pytest.warns(UnplannedWarning, match="ran unplanned"):
+        _step(opt, x)
+    peak = measure_peak(lambda: _step(opt, x))
+    assert peak <= budget, f"measured {peak:,} of a budget of {budget:,}"
