@@ -426,11 +426,11 @@ class Planner:
         dropped_errors: record index -> the error of a graph planned so: raised by
             :meth:`held` when a backward finds the outputs held.
         loop_drops: the loop was seen dropping the outputs beside a loss before its backward
-            (:meth:`first_backward`): under Inductor each graph with such outputs is planned
-            and checked compiled with them dropped when the backward starts, and its
+            (:meth:`first_backward`): each graph with such outputs is planned (under Inductor,
+            and checked compiled) with them dropped when the backward starts, and its
             backwards watch that they are (:meth:`held`).
-        loop_seen: under Inductor, the loop's first backward through a graph planned holding
-            the outputs beside its loss was watched for them (:meth:`watch_loop`).
+        loop_seen: the loop's first backward through a graph planned holding the outputs
+            beside its loss was watched for them (:meth:`watch_loop`).
         abandoned: :meth:`held` raised from a backward before it ran: the calls it was the
             backward of are not pending (the caller forgets them at its next call).
         recompile: a backward was given gradients its plan counted as no bytes, or found
@@ -702,7 +702,9 @@ class Planner:
         if self.compiler == "inductor":
             inner = _inductor_backend(self)
         else:
-            inner = _aot_backend(self)
+            # its first backward shows whether the loop drops the outputs beside the loss: a
+            # plan with them dropped may recompute less (first_backward)
+            inner = _aot_backend(self, observe=True)
 
         def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], **configs: Any) -> Any:
             compile_id = torch._guards.CompileContext.current_compile_id()
@@ -813,7 +815,7 @@ class Planner:
         guess = 0
         if self.budget.nbytes is not None and not self.outside and not self.more_follows:
             guess = _loss_room(joint, jg, self.input_shapes)
-        if compiler == "inductor" and self.loop_drops and jg.beside_loss and self.budget.nbytes is not None:
+        if self.loop_drops and jg.beside_loss and self.budget.nbytes is not None:
             jg = drop_outputs_beside_loss(jg)  # as the loop was seen to (first_backward)
         beyond: InfeasibleBudgetError | None = None  # the graph model's verdict, overruled below
         with stage("plan", spent):  # reuse a plan of its family, else the plan cache or a solve
@@ -869,6 +871,8 @@ class Planner:
                         f"{format_bytes(check.measured or 0)} (plans measured: {tried})"
                     )
                 raise beyond
+        else:  # an output the plan saves lives on whether the loop holds it or not: not watched
+            jg = _unsaved_dropped(jg, modules)
         handed = (loose_outputs(joint, jg), input_gradients(joint, jg, self.made_inputs))  # checkmate.split
         out = self._record(jg, res, modules, paged, asked, reused, spent, compiler, check, handed)
         bw_out = next(n for n in reversed(self.records[-1].modules.backward.graph.nodes) if n.op == "output")
@@ -951,30 +955,37 @@ class Planner:
         return dropped, got
 
     def watch_loop(self, rec: PlanRecord) -> Callable[[], _Watch | None]:
-        """For a graph of the step under Inductor, planned holding the outputs beside its
-        loss, what its backwards watch until the loop's first (:meth:`first_backward`): those
-        outputs, under a byte budget."""
-        keys = frozenset(rec.joint.beside_loss.values())
+        """For a graph of the step planned holding the outputs beside its loss, what its
+        backwards watch until the loop's first (:meth:`first_backward`): those outputs, under
+        a byte budget (under Inductor, where plans are checked compiled)."""
+        # planned dropped already (no plan held them): under Inductor it ran uncompiled, and may compile so
+        keys = (
+            frozenset(rec.joint.beside_loss.values())
+            if rec.compiler != self.compiler or not rec.joint.dropped
+            else frozenset()
+        )
 
         def watch() -> _Watch | None:
             if self.loop_seen or not keys or self.budget.nbytes is None or not self.plan_dropped:
                 return None
-            if not self.check_compiled:  # a plan dropping them would run unmeasured
+            if (
+                self.compiler == "inductor" and not self.check_compiled
+            ):  # a plan dropping them would run unmeasured
                 return None
             return keys, functools.partial(self.first_backward, rec)
 
         return watch
 
     def first_backward(self, rec: PlanRecord, nbytes: int) -> None:
-        """The loop's first backward through ``rec``, a graph of the step under Inductor
-        planned holding the outputs beside its loss, found ``nbytes`` of them still held.
-        Where it dropped them all (``loss = model(**batch).loss``, the Hugging Face
-        ``Trainer``), a plan compiled with them dropped uses their room: the step is
-        compiled again at its next call, each such graph planned and checked so
-        (``loop_drops``), and its backwards watch that the loop keeps dropping them
-        (:meth:`held`). Only where ``rec`` ran uncompiled (no plan compiled holding them
-        fitted) or its plan recomputes more than :data:`DROP_WORTH` of the step's compute,
-        and the outputs are at least :data:`DROP_SHARE` of the budget: a compile more, once.
+        """The loop's first backward through ``rec``, a graph of the step planned holding the
+        outputs beside its loss, found ``nbytes`` of them still held. Where it dropped them
+        all (``loss = model(**batch).loss``, the Hugging Face ``Trainer``), a plan with them
+        dropped uses their room: the step is compiled again at its next call, each such
+        graph planned (under Inductor, and checked compiled) so (``loop_drops``), and its
+        backwards watch that the loop keeps dropping them (:meth:`held`). Only where ``rec``
+        recomputes more than :data:`DROP_WORTH` of the step's compute, or, under Inductor,
+        ran uncompiled (no plan compiled holding them fitted), and the outputs are at least
+        :data:`DROP_SHARE` of the budget: a compile more, once.
         Measured on CPU: a Llama given ``labels=`` at 0.6 of eager's peak (1 MiB of logits)
         ran uncompiled at 1.24x eager's step time, at 0.77x the budget; compiled with the
         logits dropped, at 0.72x eager's time, 0.99x the budget."""
@@ -983,16 +994,17 @@ class Planner:
         self.loop_seen = True
         if nbytes or not self.plan_dropped:
             return
-        if rec.compiler == "inductor" and rec.overhead <= DROP_WORTH:
-            return
+        if (rec.compiler == "inductor" or self.compiler == "aot") and rec.overhead <= DROP_WORTH:
+            return  # planned (and compiled) holding them at little cost: not worth a compile more
         outputs = sum(int(rec.joint.graph.mem[i]) for i in rec.joint.beside_loss)
         if outputs < DROP_SHARE * (self.budget.nbytes or 0):
             return
         self.loop_drops = self.recompile = True
         log.info(
             "graph %d: the loop dropped the outputs beside its loss before the backward; the step is compiled "
-            "again at its next call, each graph planned and checked compiled with them dropped",
+            "again at its next call, each graph planned%s with them dropped",
             rec.index,
+            " and checked compiled" if self.compiler == "inductor" else "",
         )
 
     def held(self, rec: PlanRecord, nbytes: int) -> None:
@@ -1003,12 +1015,12 @@ class Planner:
         plan holding them fits is raised now, from the backward, before the backward
         exceeds the budget (what the plan holds up to there counts the outputs)."""
         self.plan_dropped = False
-        if rec.compiled is not None:  # compiled with them dropped, as the loop was seen to
-            self._held_compiled(rec, nbytes)
+        error = self.dropped_errors.pop(rec.index, None)
+        if rec.compiled is not None or error is None:  # dropped as the loop was seen to
+            self._held_seen(rec, nbytes)
             return
         peak, budget = int(rec.result.peak or 0), int(rec.result.budget)
-        error = self.dropped_errors.pop(rec.index, None)
-        if peak + nbytes <= budget or error is None:
+        if peak + nbytes <= budget:
             return
         self.recompile = True
         error.add_note(
@@ -1021,19 +1033,23 @@ class Planner:
         self.abandoned = True
         raise error.with_traceback(None)
 
-    def _held_compiled(self, rec: PlanRecord, nbytes: int) -> None:
-        """:meth:`held` for a plan compiled by Inductor with the outputs beside its loss
-        dropped, as the loop's first backward was seen to (:meth:`first_backward`). From
-        now on plans hold them (``loop_drops`` off): the step is compiled again at its next
-        call. Where the compiled step's measured peak and those bytes exceed its budget,
-        :class:`HeldOutputsError` is raised now, from the backward, before it exceeds it."""
+    def _held_seen(self, rec: PlanRecord, nbytes: int) -> None:
+        """:meth:`held` for a plan made with the outputs beside its loss dropped, as the loop's
+        first backward was seen to (:meth:`first_backward`; under Inductor, compiled and
+        measured so). From now on plans hold them (``loop_drops`` off): the step is compiled
+        again at its next call. Where the step's peak (measured compiled, else simulated) and
+        those bytes exceed its budget, :class:`HeldOutputsError` is raised now, from the
+        backward, before it exceeds it."""
         self.loop_drops = False
         self.recompile = True
         check = rec.compiled
-        assert check is not None
-        # as simulated where its compiled step could not be measured
-        peak = int(check.measured if check.measured is not None else rec.result.peak or 0)
-        if peak + nbytes <= check.budget:
+        if check is not None:  # as simulated where its compiled step could not be measured
+            peak = int(check.measured if check.measured is not None else rec.result.peak or 0)
+            budget, how = check.budget, f"compiled by Inductor (measured {format_bytes(peak)})"
+        else:
+            peak, budget = int(rec.result.peak or 0), int(rec.result.budget)
+            how = f"planned (simulated peak {format_bytes(peak)})"
+        if peak + nbytes <= budget:
             log.info(
                 "graph %d: the loop held %s of the outputs beside the loss at the backward; within the "
                 "budget, the step is compiled again at its next call holding them",
@@ -1043,13 +1059,12 @@ class Planner:
             return
         self.abandoned = True
         raise HeldOutputsError(
-            f"graph {rec.index} was compiled by Inductor with the outputs beside its loss dropped when the "
-            f"backward starts, as this loop's first step dropped them, but this backward found "
-            f"{format_bytes(nbytes)} of them still held, where the compiled step (measured "
-            f"{format_bytes(peak)}) could exceed the budget of {format_bytes(check.budget)} by up to "
-            f"{format_bytes(peak + nbytes - check.budget)}. The backward did not run: drop the outputs before "
-            "`loss.backward()` (`del outputs`), or call the step again, which plans it holding them (run "
-            "uncompiled where no compiled plan fits so)"
+            f"graph {rec.index} was {how} with the outputs beside its loss dropped when the backward starts, "
+            f"as this loop's first step dropped them, but this backward found {format_bytes(nbytes)} of them "
+            f"still held, where the step could exceed the budget of {format_bytes(budget)} by up to "
+            f"{format_bytes(peak + nbytes - budget)}. The backward did not run: drop the outputs before "
+            "`loss.backward()` (`del outputs`), or call the step again, which plans it holding them"
+            + (" (run uncompiled where no compiled plan fits so)" if check is not None else "")
         )
 
     def _warn_if_costly(self, rec: PlanRecord) -> None:

@@ -142,9 +142,9 @@ def _infeasible(budget: int, minimum: int | None, kwargs: dict[str, Any]) -> Inf
 
 class HeldOutputsError(CheckmateError):
     """A backward found the loop holding outputs (a language model's logits beside its loss)
-    that its plan, compiled by Inductor, drops when the backward starts, as the loop's first
-    step dropped them, where holding them could exceed the budget. Raised before that
-    backward runs; the next call plans the step holding them."""
+    that its plan drops when the backward starts, as the loop's first step dropped them,
+    where holding them could exceed the budget. Raised before that backward runs; the next
+    call plans the step holding them."""
 
 
 class ScheduleError(CheckmateError):
