@@ -620,3 +620,29 @@ def test_a_planned_step_dynamo_runs_eagerly_warns_and_is_compiled_again() -> Non
         _step(opt, x)
     peak = measure_peak(lambda: _step(opt, x))
     assert peak <= budget, f"measured {peak:,} of a budget of {budget:,}"
+
+
+def test_an_encoder_whose_head_raised_is_not_taken_for_called_twice() -> None:
+    # the head, optimized apart at a budget nothing fits, raised from its first call between
+    # the encoder's forward and backward: that encoder call stayed pending in the cycles the
+    # error left, and every later call of the encoder was taken for a second call before one
+    # backward, planned beside it, and raised InfeasibleBudgetError for good
+    torch.manual_seed(0)
+    enc = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU())
+    head = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 8))
+    x = torch.randn(256, 64)
+    budget = int(
+        0.8 * measure_peak(lambda: copy.deepcopy(head)(copy.deepcopy(enc)(x)).pow(2).mean().backward())
+    )
+    opt_enc = checkmate.optimize(enc, budget, time_limit=TIME_LIMIT)
+    opt_head = checkmate.optimize(head, 1000, time_limit=TIME_LIMIT)
+    with pytest.raises(InfeasibleBudgetError):
+        opt_head(opt_enc(x)).pow(2).mean().backward()
+    opt_head = checkmate.optimize(head, budget, time_limit=TIME_LIMIT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", checkmate.BudgetWarning)
+        for _ in range(3):
+            enc.zero_grad(set_to_none=True)
+            head.zero_grad(set_to_none=True)
+            opt_head(opt_enc(x)).pow(2).mean().backward()
+    assert opt_enc.__dict__["_checkmate_state"].planner.calls <= 1
