@@ -915,7 +915,8 @@ class Planner:
         if not self.plan_dropped:
             exc.add_note(
                 f"The plan holds the outputs beside the loss ({format_bytes(held)}) until the backward ends: "
-                "an earlier step held them there"
+                "an earlier step held them there. A loop that drops them before `loss.backward()` (`del outputs`, "
+                "or `loss = model(**batch).loss`) may have a plan"
             )
             return None
         keep: frozenset[tuple[tuple[int, ...], torch.dtype]] = frozenset()
