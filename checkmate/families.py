@@ -8,7 +8,9 @@ The :class:`~checkmate.runtime.Planner` asks, for each new graph, in this order:
 - :func:`family_target`: the budget to plan at (a fraction never gets fewer bytes than a
   larger shape of the family was planned at, so a short last batch always has a plan);
 - keeping every value, when that fits these sizes (a short last batch): no plan recomputes less;
-- :func:`reuse`: the cheapest family plan that fits at these sizes;
+- :func:`reuse`: the cheapest family plan that fits at these sizes, unless it costs more
+  than :data:`REUSE_COST` times the least any schedule there can (a plan made for a longer
+  sequence recomputes what a shorter one has room to keep): then the graph is planned anew;
 - :func:`plan_ahead`: for a byte budget and a graph larger than the whole family, a plan
   made for shapes about twice as large (or less, where that does not fit), so that the next
   larger shapes reuse it;
@@ -31,7 +33,16 @@ from solvers.resize import stretch, transfer_and_check
 from solvers.result import SolveResult, Status
 from solvers.schedule import keep_all_peak
 
-__all__ = ["AHEAD", "AHEAD_COST", "FALLBACK", "family_target", "reuse", "plan_ahead", "larger_shape_budget"]
+__all__ = [
+    "AHEAD",
+    "AHEAD_COST",
+    "REUSE_COST",
+    "FALLBACK",
+    "family_target",
+    "reuse",
+    "plan_ahead",
+    "larger_shape_budget",
+]
 
 #: a byte budget's plan for a graph larger than the planned ones of its family is made for
 #: shapes about this many times larger (see :func:`plan_ahead`)
@@ -41,6 +52,10 @@ FALLBACK = (1.5, 1.25, 1.1)
 #: a plan made ahead is kept only where, at the graph's own sizes, it costs at most this
 #: many times the least any schedule there can cost (:func:`solvers.cost_bounds.recompute_lower_bound`)
 AHEAD_COST = 1.15
+#: a family's plan carried over to a graph is kept only where it costs at most this many times
+#: the least any schedule there can cost (:func:`reuse`); else the graph is planned anew, once
+#: per shape, where the plan runs at every step of it
+REUSE_COST = 1.15
 
 
 def family_target(
@@ -75,7 +90,11 @@ def reuse(
     graph: Graph, ref: int, records: Sequence[PlanRecord], family: Sequence[int], target: int
 ) -> tuple[SolveResult, int] | None:
     """The cheapest plan of ``family`` that, carried over to ``graph``'s sizes, fits
-    ``target`` bytes (simulated), with the index of its record; None when none fits.
+    ``target`` bytes (simulated), with the index of its record; None when none fits, or
+    when the cheapest costs more than :data:`REUSE_COST` times the least any schedule of
+    ``graph`` within ``target`` can (:func:`~solvers.cost_bounds.recompute_lower_bound`):
+    a Hugging Face BERT's plan for 64 tokens, at a byte budget its 40-token batch nearly
+    fits whole, recomputed its 19 values there too, +34.4% compute.
 
     A plan kept by the compiled check (:mod:`checkmate.compiled`) was solved at more
     simulated bytes than its step holds, since Inductor's step holds less than the plan
@@ -114,6 +133,9 @@ def reuse(
             info=info,
         )
         best = (res, i)
+    least = None if best is None else recompute_lower_bound(graph, target)
+    if best is not None and least is not None and (best[0].cost or 0.0) > REUSE_COST * least:
+        return None  # planned anew: far cheaper plans may fit these sizes
     return best
 
 

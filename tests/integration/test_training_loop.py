@@ -272,6 +272,35 @@ def test_a_plan_the_compiled_check_solved_at_more_bytes_carries_over_at_that_rat
     assert reuse(small, keep_all_peak(small), [over], [0], target) is None  # type: ignore[list-item]
 
 
+def test_a_family_plan_far_costlier_than_the_new_sizes_need_is_not_reused() -> None:
+    # a plan made for a longer sequence recomputes what a shorter one has room to keep: a
+    # Hugging Face BERT's plan for 64 tokens ran its 40-token batch at +34.4% compute, at a
+    # byte budget that batch nearly fitted whole
+    from types import SimpleNamespace
+
+    from checkmate.families import REUSE_COST, reuse
+    from solvers.api import solve
+    from solvers.budget import Budget
+    from solvers.cost_bounds import recompute_lower_bound
+    from solvers.schedule import keep_all_peak
+    from tests.graphs import chain
+
+    big, small = chain(16, mem=4, training=True), chain(16, mem=3, training=True)
+    tight = int(0.4 * keep_all_peak(big))
+    plan = solve(big, Budget(nbytes=tight), "auto", time_limit=5)
+    assert plan.ok and plan.schedule is not None and plan.cost is not None
+    rec = SimpleNamespace(result=plan, joint=SimpleNamespace(graph=big), compiled=None, budget=tight)
+    # as tight at the new sizes: the plan carries over, within REUSE_COST of the least cost there
+    got = reuse(small, keep_all_peak(small), [rec], [0], tight)  # type: ignore[list-item]
+    least = recompute_lower_bound(small, tight)
+    assert got is not None and least is not None and (got[0].cost or 0) <= REUSE_COST * least
+    # nearly room for every value: planned anew, at far less than the family's plan costs there
+    roomy = keep_all_peak(small) - 1
+    assert reuse(small, keep_all_peak(small), [rec], [0], roomy) is None  # type: ignore[list-item]
+    fresh = solve(small, Budget(nbytes=roomy), "auto", time_limit=5)
+    assert fresh.ok and (fresh.cost or 0) * REUSE_COST < (got[0].cost or 0), (fresh.cost, got[0].cost)
+
+
 @pytest.mark.parametrize("start_frozen", [True, False], ids=["unfreeze", "freeze"])
 def test_parameters_frozen_or_unfrozen_mid_training_are_planned_again_with_eager_gradients(
     start_frozen: bool,
