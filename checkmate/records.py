@@ -184,7 +184,12 @@ class PlanRecord:
                 )
         # a byte budget's share for this graph read as the user's budget, cut without cause
         # ("budget 5.38 MiB" where 9.06 MiB were asked): say where the rest went
-        beside = self.step_budget is not None and budget is not None and self.step_budget > budget
+        beside = (
+            self.step_budget is not None
+            and budget is not None
+            and format_bytes(self.step_budget) != format_bytes(budget)  # "2.45 MiB of the 2.45 MiB asked"
+            and self.step_budget > budget
+        )
         rest = (
             f" of the {format_bytes(self.step_budget or 0)} asked, the rest left beside it" if beside else ""
         )
