@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from checkmate.records import HELD_TO, PlanRecord
 from solvers.bounds import memory_lower_bound
 from solvers.budget import Budget
@@ -133,8 +135,10 @@ def reuse(
             info=info,
         )
         best = (res, i)
-    least = None if best is None else recompute_lower_bound(graph, target)
-    if best is not None and least is not None and (best[0].cost or 0.0) > REUSE_COST * least:
+    if best is None or np.array_equal(records[best[1]].joint.graph.mem, graph.mem):
+        return best  # the same sizes (a recompile on a guard): planned there already
+    least = recompute_lower_bound(graph, target)
+    if least is not None and (best[0].cost or 0.0) > REUSE_COST * least:
         return None  # planned anew: far cheaper plans may fit these sizes
     return best
 
