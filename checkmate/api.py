@@ -820,12 +820,18 @@ def _training_call(
             _check_uncaptured(self, state, key, (args, kwargs), out, state.planner.breaks[key], before)
         state.planner.settle()  # every graph of the step is compiled: a fraction it cannot meet raises
         state.planner.finish_call()  # a room guessed for graphs after a graph break, judged
-    except BaseException:
+    except BaseException as exc:
         _RAISED[0] = True
         state.window_key = None
         _close_window(state)
-        if not state.planner.ran and (state.planner.latest.get(key) or not state.planner.records):
-            _rearm(state)  # raised before a planned step's graph ran: Dynamo traced it anew, and failed
+        # raised by the forward before a planned step's graph ran: Dynamo traced it anew, and gave
+        # up on it (checkmate's own errors come from its backend, which Dynamo does not suppress)
+        if (
+            not isinstance(exc, CheckmateError)
+            and not state.planner.ran
+            and (state.planner.latest.get(key) or not state.planner.records)
+        ):
+            _rearm(state)
         raise
     finally:
         state.planner.pending_held = 0  # only the call that found more calls held plans beside them
@@ -977,15 +983,12 @@ def _skipped(self: nn.Module, state: CheckmateState, key: tuple[Any, ...], out: 
     """A training call of a module with plans ran no compiled graph and compiled none: Dynamo
     ran its forward eagerly, unplanned (its code marked skipped after a failed compile, a
     ``torch.compiler.set_stance("force_eager")``, a new input signature it captured nothing
-    of). Its variants run again from the next call (:func:`_rearm`); a signature that
-    captured nothing runs eagerly from now on, as it would, without a failed compile at
-    every call. Warned once (:class:`UnplannedWarning`)."""
+    of). The step is compiled again at the next call (:func:`_rearm`), so that the
+    signatures planned run their plans. Warned once (:class:`UnplannedWarning`)."""
     if not _needs_grad(out) or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
         return  # under a fake mode the graphs run uncounted (Planner.backend)
     planned = bool(state.planner.latest.get(key))
     _rearm(state)
-    if not planned:
-        state.eager_keys[key] = True
     if state.warned_skipped:
         return
     state.warned_skipped = True
@@ -994,7 +997,7 @@ def _skipped(self: nn.Module, state: CheckmateState, key: tuple[Any, ...], out: 
         "after an exception raised inside it, marks the forward's code skipped for every later call)"
         if planned
         else "torch.compile captured no graph with a backward at these input shapes (Dynamo ran the forward "
-        "eagerly): calls at these shapes run eagerly from now on"
+        "eagerly)"
     )
     warnings.warn(
         f"a training step of {type(self).__name__} ran unplanned, with no memory bound: {what}. "
