@@ -247,9 +247,9 @@ COSTLY = 1.0
 #: at the least simulated peak, whose compute overhead (a fraction) it holds (:meth:`Planner._at_least_peak`)
 LEAST_COSTLY = "least_peak_overhead"
 
-#: a plan compiled by Inductor holding the outputs beside its loss through the backward, whose
-#: compute exceeds its graph's by more than this, is planned again with them dropped where the
-#: loop is seen dropping them (:meth:`Planner.first_backward`): a compile more, once
+#: a plan holding the outputs beside its loss through the backward (under Inductor, compiled),
+#: whose compute exceeds its graph's by more than this, is planned again with them dropped
+#: where the loop is seen dropping them (:meth:`Planner.first_backward`): a compile more, once
 DROP_WORTH = 0.02
 #: nor where those outputs are less than this share of the budget: their room buys little (a
 #: Swin's 320 bytes of logits beside a 536 KiB budget)
@@ -969,10 +969,8 @@ class Planner:
         def watch() -> _Watch | None:
             if self.loop_seen or not keys or self.budget.nbytes is None or not self.plan_dropped:
                 return None
-            if (
-                self.compiler == "inductor" and not self.check_compiled
-            ):  # a plan dropping them would run unmeasured
-                return None
+            if self.compiler == "inductor" and not self.check_compiled:
+                return None  # a plan dropping them would run unmeasured
             return keys, functools.partial(self.first_backward, rec)
 
         return watch
