@@ -169,13 +169,14 @@ def test_a_budget_that_fits_only_without_the_outputs_held_plans_them_dropped_and
 def test_a_loop_seen_dropping_the_logits_is_planned_again_with_them_dropped() -> None:
     # ``model(**batch).loss.backward()`` (the Hugging Face Trainer's loop) drops the logits
     # before the backward; planned holding them to its end, the plan recomputed for room the
-    # step never used: at 1.05x the dropping loop's eager peak, at least +8.2% compute (the
-    # MILP's proven optimum) where keeping every value fits
+    # step never used: at 1.05x the dropping loop's eager peak, at least +8.0% compute where
+    # keeping every value fits. Op costs from the cpu device profile, not timed: with timed
+    # costs the plan holding them cost +8.1% in one run and +0.5% in another (under DROP_WORTH)
     from checkmate.runtime import DROP_WORTH
 
     model, x, y, eager_peak, want = _eager_step(_loss_kept, 3)
     budget = int(1.05 * eager_peak)
-    opt = checkmate.optimize(model, budget, time_limit=10)
+    opt = checkmate.optimize(model, budget, time_limit=10, profile="cpu")
     model.zero_grad(set_to_none=True)
     _loss_kept(opt, x, y)  # its first backward finds the logits dropped: the next call plans again
     (held,) = checkmate.plans_of(opt)
