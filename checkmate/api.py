@@ -54,6 +54,7 @@ from checkmate.distributed import (
     fsdp_params_of,
     in_process_group,
 )
+from checkmate.release import release_compiled
 from checkmate.runtime import (
     COMPILERS,
     LATE_ZERO,
@@ -386,9 +387,12 @@ def optimize(
     else:
         eager, own_forward = own, (own, False)
     compiled = _compile_step(eager, planner, fullgraph)
-    new.__dict__[_STATE] = CheckmateState(
+    new.__dict__[_STATE] = state = CheckmateState(
         planner=planner, eager=eager, compiled=compiled, settings=settings, own_forward=own_forward
     )
+    # Dynamo's references to the planner go when the module does (the finalizer holds the
+    # lists of its compiles, not the planner)
+    weakref.finalize(state, release_compiled, planner.regions, planner.backends)
     if example_inputs is not None:
         with _untouched(new), torch.enable_grad():
             was = new.training
@@ -1405,8 +1409,13 @@ def _compile_step(forward: Callable[..., Any], planner: Planner, fullgraph: bool
     static, its variants counted apart from every other compile's (:data:`_ISOLATED`). The one
     place both the first compile and :func:`_compile_again` make it: the second, made without
     ``isolate_recompiles``, shared torch's one wrapper of its own module classes with every
-    ``torch.compile``d module, and past Dynamo's limit ran its step eagerly, unplanned."""
-    return torch.compile(forward, backend=planner.backend(), dynamic=False, fullgraph=fullgraph, **_ISOLATED)
+    ``torch.compile``d module, and past Dynamo's limit ran its step eagerly, unplanned. Its
+    region is noted on the planner, whose module releases it (:mod:`checkmate.release`)."""
+    compiled = torch.compile(
+        forward, backend=planner.backend(), dynamic=False, fullgraph=fullgraph, **_ISOLATED
+    )
+    planner.regions.append(getattr(compiled, "_isolate_recompiles_id", -1))
+    return compiled
 
 
 def _compile_again(state: CheckmateState) -> None:

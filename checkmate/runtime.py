@@ -396,6 +396,9 @@ class Planner:
         compile_ids: Dynamo's ids of the compiles that called this planner's backend
             (``"3/1"``): its guard failures name the compile whose guards failed, and the
             forward's code, shared by every instance of a module class, has others' too.
+        backends: the torch.compile backends this planner made (:meth:`backend`).
+        regions: the ``isolate_recompiles`` regions of the module's compiles: their cache
+            entries with these backends are released with the module (:mod:`checkmate.release`).
         retained: step signature -> how many backwards ran through the graph of one forward
             (``retain_graph=True`` on all but the last) in a step of it measured over the
             budget: planned with what the forward saves held through them
@@ -515,6 +518,8 @@ class Planner:
     given_back: set[object] = field(default_factory=set, repr=False)
     retained: dict[object, int] = field(default_factory=dict, repr=False)
     compile_ids: set[str] = field(default_factory=set, repr=False)
+    backends: list[Callable[..., Any]] = field(default_factory=list, repr=False)
+    regions: list[int] = field(default_factory=list, repr=False)
     input_shapes: frozenset[tuple[int, ...]] = field(default=frozenset(), repr=False)
     more_follows: bool = field(default=False, repr=False)
     unsettled: dict[object, list[_Unsettled]] = field(default_factory=dict, repr=False)
@@ -733,6 +738,7 @@ class Planner:
 
             return counted
 
+        self.backends.append(compile_graph)
         return compile_graph
 
     def _watched(self, index: int, step: Callable[..., Any], args: tuple[Any, ...]) -> Any:
