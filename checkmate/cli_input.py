@@ -68,7 +68,7 @@ def handled(fn: F) -> F:
             if debug:
                 raise
             # one line: the message, then what the layers below added (a line each in str(exc))
-            click.echo("infeasible: " + " ".join(str(exc).splitlines()))
+            click.echo("infeasible: " + exc.one_line())
             raise SystemExit(EXIT_NO_PLAN) from None
         except (CheckmateError, OSError) as exc:
             if debug:

@@ -271,9 +271,9 @@ def sweep_point(g: Any, strategy: str, spec: str, time_limit: float | None, quie
     try:
         res = solve_graph(g, nbytes, strategy, time_limit=time_limit)
     except InfeasibleBudgetError as exc:
-        row.update(status=str(Status.INFEASIBLE), note=" ".join(str(exc).splitlines()))  # a table cell
+        row.update(status=str(Status.INFEASIBLE), note=exc.one_line())  # a table cell
     except CheckmateError as exc:
-        row.update(status="error", note=" ".join(str(exc).splitlines()))
+        row.update(status="error", note=exc.one_line())
     else:
         row.update(status=str(res.status), lower_bound=res.lower_bound)
         if res.ok and res.cost is not None:

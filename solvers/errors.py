@@ -47,6 +47,10 @@ class CheckmateError(Exception):
     def __str__(self) -> str:
         return "\n".join((super().__str__(), *self.notes))
 
+    def one_line(self) -> str:
+        """The message and its notes on one line (a CLI's output, a table cell, a log line)."""
+        return " ".join(str(self).splitlines())
+
 
 class GraphError(CheckmateError, ValueError):
     """A graph is malformed: a cycle, a dangling edge, a negative size, a duplicate id."""
