@@ -195,7 +195,19 @@ class PlanRecord:
         )
         return (
             f"graph {self.index}: {g.n - 1} ops, budget {format_bytes(budget)}{rest} "
-            f"({budget / max(self.reference_peak, 1):.0%} of its keep-all {format_bytes(self.reference_peak)}), "
+            f"({_share(budget, self.reference_peak)} of its keep-all {format_bytes(self.reference_peak)}), "
             f"simulated peak {format_bytes(res.peak or 0)}, {self.recomputes} recomputes, "
             f"{format_change(self.overhead)} compute, {chosen} ({res.status}){gap}"
         )
+
+
+def _share(part: int, whole: int) -> str:
+    """``part / whole`` as a percentage, to whole percent unless that reads as 100% for two
+    different numbers ("budget 15.69 MiB (100% of its keep-all 15.63 MiB)"): then with the
+    decimals that tell them apart."""
+    ratio = part / max(whole, 1)
+    for digits in range(3):
+        text = f"{ratio:.{digits}%}"
+        if part == whole or float(text.rstrip("%")) != 100:
+            return text
+    return text
