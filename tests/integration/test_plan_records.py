@@ -198,8 +198,8 @@ def test_a_graphs_share_of_a_byte_budget_says_what_was_asked(monkeypatch: pytest
 
 
 def test_a_budget_just_above_the_keep_all_peak_does_not_read_as_equal_to_it() -> None:
-    """"budget 15.69 MiB (100% of its keep-all 15.63 MiB)": the share shows the decimals that
-    tell two numbers apart."""
+    """A line read "budget 15.69 MiB (100% of its keep-all 15.63 MiB)": the share shows the
+    decimals that tell two numbers apart."""
     torch.manual_seed(0)
     opt = checkmate.optimize(M.MLP(128, 4).train(), 1.004, time_limit=5)
     _step(opt, torch.randn(64, 128))
