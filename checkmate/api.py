@@ -392,7 +392,9 @@ def optimize(
     )
     # Dynamo's references to the planner go when the module does (the finalizer holds the
     # lists of its compiles, not the planner)
-    weakref.finalize(state, release_compiled, planner.regions, planner.backends)
+    weakref.finalize(
+        state, release_compiled, planner.regions, planner.backends
+    ).atexit = False  # nothing to free then
     if example_inputs is not None:
         with _untouched(new), torch.enable_grad():
             was = new.training
