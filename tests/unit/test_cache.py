@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
+import checkmate.cache
 from checkmate.cache import PlanCacheWarning, cache_dir, cache_key, cached_solve
 from checkmate.timers import observe
 from solvers import Budget, Graph, SolveResult, Status, solve, validate, write_plan
 from solvers.boundary import boundary_hold
-from solvers.errors import PlanError
+from solvers.errors import InfeasibleBudgetError, PlanError
 from solvers.plan import PLAN_VERSION, document_checksum, plan_to_dict, read_plan, read_plan_document
 from solvers.schedule import schedule_from_order, simulate
 from solvers.strategies import STRATEGIES
@@ -48,6 +49,7 @@ def _register() -> None:
 def _strategy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(STRATEGIES, NAME, (f"{__name__}:keep_all_counted", "tests"))
     monkeypatch.delenv("CHECKMATE_CACHE", raising=False)
+    monkeypatch.setattr(checkmate.cache, "_INFEASIBLE", {}, raising=False)
     CALLS.clear()
 
 
@@ -73,6 +75,29 @@ def test_hit_skips_solving() -> None:
     assert second.cost == first.cost and second.peak == first.peak
     assert second.lower_bound == first.lower_bound
     validate(g, second.schedule, second.budget)
+
+
+def test_a_request_without_a_plan_is_searched_once_per_process_unless_given_longer() -> None:
+    """A loop catching the error and going on asked the same search at every call (18 s a call
+    for a two-layer transformer at 0.3 of its keep-all peak)."""
+    g = _graph()
+    first = cached_solve(g, 0.5, NAME, time_limit=5, profile_id="cpu")
+    assert first.status == Status.NO_SOLUTION and len(CALLS) == 1
+    again = cached_solve(g, 0.5, NAME, time_limit=5, profile_id="cpu")
+    assert again.status == Status.NO_SOLUTION and again.peak == first.peak  # its attempt over the budget
+    assert len(CALLS) == 1 and again.info["cache"] == "infeasible before"
+    cached_solve(g, 0.5, NAME, time_limit=3, profile_id="cpu")  # no longer a search: not again
+    assert len(CALLS) == 1
+    cached_solve(g, 0.5, NAME, time_limit=20, profile_id="cpu")  # a longer search may find one
+    cached_solve(g, 0.6, NAME, time_limit=20, profile_id="cpu")  # another budget
+    assert len(CALLS) == 3
+    assert not _files(), "nothing without a plan is written"
+    with pytest.raises(InfeasibleBudgetError) as proven:  # below what any schedule needs
+        cached_solve(g, 1, "ilp", time_limit=5, profile_id="cpu")
+    with pytest.raises(InfeasibleBudgetError) as known:
+        cached_solve(g, 1, "ilp", time_limit=5, profile_id="cpu")
+    assert str(known.value).startswith(str(proven.value)) and "not searched again" in str(known.value)
+    assert known.value.minimum == proven.value.minimum and not proven.value.notes
 
 
 def test_the_keep_all_peak_is_simulated_once_per_call_and_a_hit_reports_its_replay(
