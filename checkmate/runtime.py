@@ -1917,6 +1917,12 @@ class Planner:
         """What :meth:`_beside_parts` holds now, in words."""
         return " and ".join(name for name, nbytes in self._beside_parts() if nbytes)
 
+    def _reserve_what(self, reserve: int) -> str:
+        """What ``reserve`` bytes set aside beside a graph hold, in words: the parts held now,
+        and what the graphs before it keep where the reserve is more than those."""
+        parts = [self._beside_what(), _EARLIER if reserve > self._beside() else ""]
+        return " and ".join(p for p in parts if p) or _RESERVED.removeprefix("held beside this graph: ")
+
     def _outside_room(self, graph: Graph, held: dict[object, int] | None = None) -> int:
         """Under a byte budget, the bytes code outside the module held beside this step as
         measured (:meth:`check_step`; ``held``: another of its measures, ``outside`` by
@@ -2632,7 +2638,10 @@ class Planner:
             unsettled = fraction is not None and 2 * ref > largest and self.more_follows
             if reserve and (fraction is None or 2 * ref > largest):  # raised, now or when the step settles
                 # the bytes in the message are the graph's own: say where the rest went
-                exc.add_note(_reserve_note(reserve, ref, fraction, exc.minimum))
+                what = self._reserve_what(reserve)
+                exc.add_note(
+                    _reserve_note(reserve, ref, fraction, exc.minimum, what, self.budget.nbytes, exc.budget)
+                )
             if unsettled:
                 exc.add_note(
                     f"graph {len(self.records)} of this step is followed by more of the step (a graph "
@@ -2677,23 +2686,41 @@ class Planner:
         return res, asked
 
 
-#: what a byte budget's reserve beside a graph holds, in words (:meth:`Planner._plan`)
+#: what a byte budget's reserve beside a graph may hold, in words (:meth:`Planner._plan`)
 _RESERVED = (
     "held beside this graph: DDP's gradient buckets, FSDP2's unsharded parameters, what graphs before it in "
     "the step keep for their backward, the module's other calls held at once"
 )
+#: the part of a reserve beyond :meth:`Planner._beside_parts`, in words
+_EARLIER = "what graphs before it in the step keep for their backward"
 
 
-def _reserve_note(reserve: int, ref: int, fraction: float | None, minimum: float | None) -> str:
+def _reserve_note(
+    reserve: int,
+    ref: int,
+    fraction: float | None,
+    minimum: float | None,
+    what: str,
+    asked: int | None = None,
+    graph_bytes: int | None = None,
+) -> str:
     """The note of an :class:`InfeasibleBudgetError` whose bytes were taken ``reserve`` off
-    (:meth:`Planner._plan`); under a fraction, the fraction of the graph's keep-all peak
-    ``ref`` that leaves it ``minimum`` (the least peak found)."""
-    note = f"{format_bytes(reserve)} of the budget asked is {_RESERVED}, and was taken off it"
-    if fraction is not None and minimum is not None and ref > 0:
+    (:meth:`Planner._plan`), held by ``what``; the budget, in the user's terms, that leaves
+    the graph ``minimum`` (the least peak found): under a fraction, of the graph's keep-all
+    peak ``ref``; under a byte budget of ``asked`` bytes, of which the graph got
+    ``graph_bytes``, in bytes (the error's own figures were the graph's: a user passing the
+    least peak it named was refused again, the reserve taken off once more)."""
+    note = f"{format_bytes(reserve)} of the budget asked is held beside this graph ({what}), and was taken off it"
+    if minimum is None:
+        return note
+    if fraction is not None and ref > 0:
         note += (
             f"; as a fraction, at least {(minimum + reserve) / ref:.1%} of this graph's keep-all peak leaves it the "
             "least peak found"
         )
+    elif asked is not None and graph_bytes is not None and asked > graph_bytes:
+        fits = int(minimum) + asked - graph_bytes
+        note += f"; a budget of at least {format_bytes(fits)} ({fits:,} bytes) leaves it the least peak found"
     return note
 
 

@@ -109,7 +109,8 @@ class InfeasibleBudgetError(CheckmateError):
             if proven and self.lower_bound is not None and self.lower_bound > self.budget + 1:
                 msg += f"; every schedule needs at least {_fmt(self.lower_bound, reference)}"
             if self.minimum is not None:
-                msg += f"; the least peak found is {_fmt(self.minimum, reference)}, so that budget has a plan"
+                # "so that budget has a plan" read as the budget asked having one
+                msg += f"; the least peak found is {_fmt(self.minimum, reference)}, a budget that has a plan"
         if self.minimum is not None and self.minimum <= self.budget:
             # the strategy asked for missed a schedule that the least-peak search found
             msg += "; that schedule fits this budget: plan with strategy='auto', which uses it"

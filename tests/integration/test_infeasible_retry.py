@@ -216,6 +216,35 @@ def test_an_infeasible_budget_says_what_was_held_beside_the_graph(monkeypatch: p
     assert "\n3.00 MiB of the budget asked is held beside this graph" in str(caught.value)
 
 
+def test_an_infeasible_byte_budget_names_the_budget_that_fits_in_the_users_terms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the error's figures are the graph's own bytes, the reserve beside it taken off: a user
+    # passing the least peak it named was refused again. The note names the budget to pass,
+    # and what was held (only what was: not FSDP2's parameters in a DDP run)
+    import checkmate.runtime
+
+    monkeypatch.setenv("CHECKMATE_CACHE", "0")
+    monkeypatch.setattr(checkmate.runtime, "ddp_reserve", lambda: 3 << 20)
+    x = torch.randn(8, 3, 16, 16)
+    torch.manual_seed(0)
+    opt = checkmate.optimize(SmallCNN(8, 2).train(), (3 << 20) + (40 << 10), time_limit=2)
+    with pytest.raises(InfeasibleBudgetError) as caught:
+        opt(x).sum().backward()
+    notes = "\n".join(caught.value.notes)
+    assert "held beside this graph (DDP's buckets)" in notes, notes
+    found = re.search(
+        r"a budget of at least [0-9.]+ [KMG]?i?B \(([0-9,]+) bytes\) leaves it the least peak", notes
+    )
+    assert found, notes
+    fits = int(found.group(1).replace(",", ""))
+    assert caught.value.minimum is not None and fits > caught.value.minimum + (3 << 20) - 1
+    torch.manual_seed(0)
+    again = checkmate.optimize(SmallCNN(8, 2).train(), fits, time_limit=2)
+    again(x).sum().backward()  # the budget named fits
+    assert checkmate.plans_of(again)
+
+
 class _BrokenCNN(nn.Module):
     """A CNN whose head runs after a graph break: its body's plan is settled with the step."""
 
