@@ -32,7 +32,6 @@ mutated buffers (BatchNorm running statistics) back once per step.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import dis
 import functools
 import logging
@@ -472,6 +471,8 @@ class Planner:
         calls_warning: a :class:`BudgetWarning` for the caller to issue, once: the step that
             found more calls held at once can exceed the budget (:meth:`_warn_calls`).
         runs_warning: the same, that no plan of a graph fits beside its runs (:meth:`_warn_runs`).
+        retained_warning: the same, that no plan of a step whose backward ran again through its
+            forward's graph fits holding what the forward saves (:meth:`_warn_retained`).
         overrun_warning: a :class:`BudgetWarning` for the caller to issue, once: a step measured
             whole exceeded the budget, and the module is compiled again with room for what it
             found (:meth:`_overran`); the steps before that one ran over the budget, unwarned.
@@ -550,6 +551,8 @@ class Planner:
     warned_runs: bool = field(default=False, repr=False)
     calls_warning: str | None = field(default=None, repr=False)
     runs_warning: str | None = field(default=None, repr=False)
+    retained_warning: str | None = field(default=None, repr=False)
+    warned_retained: set[object] = field(default_factory=set, repr=False)
     overrun_warning: str | None = field(default=None, repr=False)
     warned_overrun: bool = field(default=False, repr=False)
     profile_id: str | None = field(default=None, repr=False)
@@ -1568,8 +1571,10 @@ class Planner:
         if self.calls > 1 and self.budget.nbytes is not None:  # the module's other calls beside it
             return self._solve_beside_calls(jg, profile_id, base + beside, runs)
         if self.step in self.retained and runs == 1 and self.budget.nbytes is not None:
-            with contextlib.suppress(InfeasibleBudgetError):  # else as before: check_step says it
+            try:
                 return self._solve_retained(jg, profile_id, base + beside, self.retained[self.step])
+            except InfeasibleBudgetError:  # planned as before, which was measured over: said now
+                self._warn_retained()
         if runs > 1 and self.budget.nbytes is not None:  # the graph's other runs in the step
             try:
                 return self._solve_beside_calls(jg, profile_id, base + beside, runs)
@@ -1757,6 +1762,23 @@ class Planner:
             net, detail="no plan found holds what the forward saves through every backward"
         )
 
+    def _warn_retained(self) -> None:
+        """Once per step signature, the :class:`BudgetWarning` (``retained_warning``) that no
+        plan holding what the forward saves through every backward fits: the step is planned
+        as before, as the step measured over the budget was, and the calls that run it exceed
+        (the warning of the step measured over said it was compiled again to fit: a transformer
+        at 0.6 of eager's peak with two backwards, ``retain_graph=True`` on the first, ran two
+        more steps at 1.15x and 1.10x before the next warning)."""
+        if self.step in self.warned_retained:
+            return
+        self.warned_retained.add(self.step)
+        self.retained_warning = (
+            f"no plan of this step fits its budget of {format_bytes(self.budget.nbytes or 0)} holding what its "
+            f"forward saves through every backward ({RETAINED_WHY}) beside what it holds outside the module: it is "
+            f"planned as before, and these steps can exceed the budget. To have it fit, {RETAINED_ADVICE}, or "
+            "raise the budget"
+        )
+
     def _warn_runs(self, runs: int, exc: InfeasibleBudgetError) -> None:
         """Once, the :class:`BudgetWarning` (``runs_warning``, for the caller to issue unless
         the step is compiled again with the needs of its graphs in view: :meth:`take_warnings`)
@@ -1824,10 +1846,21 @@ class Planner:
         before it leave it room (the layer-dropping blocks under DDP at 0.75 of eager DDP's
         peak: warned, then 0.68x the budget); said if the plans made then do not fit."""
         runs = None if self.replan_pending else self.runs_warning
-        said = [m for m in (self.calls_warning, runs, self.grads_warning, self.checkpoint_warning) if m]
+        said = [
+            m
+            for m in (
+                self.calls_warning,
+                runs,
+                self.grads_warning,
+                self.checkpoint_warning,
+                self.retained_warning,
+            )
+            if m
+        ]
         if self.replan_pending and self.runs_warning:
             self.warned_runs = False  # judged again when planned with the needs in view
         self.calls_warning = self.runs_warning = self.grads_warning = self.checkpoint_warning = None
+        self.retained_warning = None
         return said
 
     def _without_held_grads(self, exc: InfeasibleBudgetError | None = None) -> bool:
@@ -2000,6 +2033,8 @@ class Planner:
                 else ": compiling it again, what its forward saves held through them",
             )
             if self.retained.get(step, 0) >= retained:
+                if step in self.warned_retained:  # said when it was planned (_warn_retained)
+                    return None
                 return RETAINED.format(peak=format_bytes(peak), ratio=peak / asked, of=of)
             self.retained[step] = retained
             self._forget_plans(step)
