@@ -1768,7 +1768,7 @@ class Planner:
         as before, as the step measured over the budget was, and the calls that run it exceed
         (the warning of the step measured over said it was compiled again to fit: a transformer
         at 0.6 of eager's peak with two backwards, ``retain_graph=True`` on the first, ran two
-        more steps at 1.15x and 1.10x before the next warning)."""
+        more steps at 1.15x and 1.10x before the next warning, which then gives the ratio measured)."""
         if self.step in self.warned_retained:
             return
         self.warned_retained.add(self.step)
@@ -2033,8 +2033,6 @@ class Planner:
                 else ": compiling it again, what its forward saves held through them",
             )
             if self.retained.get(step, 0) >= retained:
-                if step in self.warned_retained:  # said when it was planned (_warn_retained)
-                    return None
                 return RETAINED.format(peak=format_bytes(peak), ratio=peak / asked, of=of)
             self.retained[step] = retained
             self._forget_plans(step)

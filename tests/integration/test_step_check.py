@@ -1216,7 +1216,9 @@ def test_a_backward_run_again_through_one_forward_is_planned_with_what_it_saved_
         assert plans_of(opt)[-1].recomputes > 0
         assert measured <= budget
     else:  # the first backward's gradients and the second's alone exceed it
-        assert len(said) == 2 and "no plan of this step fits" in said[1], said
+        # said when planned as before, then with the ratio the step measured
+        assert len(said) in (2, 3) and "no plan of this step fits" in said[1], said
+        assert all("no plan" in m for m in said[1:]), said
         assert measured > budget
 
 
