@@ -841,6 +841,7 @@ class Planner:
                     jg, (res, asked, reused) = dropping
                 else:
                     if not self._compiled_may_fit(compiler, exc):
+                        self._note_outside(exc, jg.graph, guess)
                         raise
                     try:
                         res = self._at_least_peak(jg, exc, profile_id)
@@ -1611,6 +1612,29 @@ class Planner:
                 return solved
         self._guess_left(guess, 0)
         return self._solve(jg, profile_id, hedged=hedged)
+
+    def _note_outside(self, exc: InfeasibleBudgetError, graph: Graph, guess: int) -> None:
+        """Under a byte budget, a note on ``exc`` (raised for ``graph``, planned at last with
+        no room for memory outside the module) naming what the step holds outside the module
+        (measured, else ``guess``ed for a loss on its outputs) and the budget that leaves the
+        graph its least peak beside that and the rest set aside: the error's own figures are
+        the graph's, and a Hugging Face GPT-2 whose cross-entropy is computed on its logits,
+        optimized again at the least peak the error named, stepped at 1.43x it."""
+        room = self._outside_room(graph) or guess
+        asked = self.budget.nbytes
+        if asked is None or room <= 0 or exc.minimum is None:
+            return
+        fits = int(exc.minimum) + max(asked - exc.budget, 0) + room
+        how = (
+            "measured"
+            if self._outside_room(graph)
+            else "guessed for a loss on its outputs until a step is measured"
+        )
+        exc.add_note(
+            f"the step also holds about {format_bytes(room)} outside the module between its forward and backward "
+            f"({how}), beside which no plan fitted: in all, a budget of at least {format_bytes(fits)} ({fits:,} "
+            "bytes) leaves this graph the least peak found beside it"
+        )
 
     def _guess_left(self, guess: int, left: int) -> None:
         """Of the room ``guess``ed for a loss outside the module, what the plan made left it

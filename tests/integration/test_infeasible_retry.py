@@ -22,8 +22,9 @@ from torch import nn
 
 import checkmate
 from checkmate.memory import measure_peak
+from checkmate.stepcheck import STEP_SLACK
 from solvers.errors import InfeasibleBudgetError
-from tests.integration._models import Block, SmallCNN, gpt2
+from tests.integration._models import Block, SmallCNN, TinyTransformer, gpt2
 
 pytestmark = pytest.mark.torch
 
@@ -243,6 +244,40 @@ def test_an_infeasible_byte_budget_names_the_budget_that_fits_in_the_users_terms
     again = checkmate.optimize(SmallCNN(8, 2).train(), fits, time_limit=2)
     again(x).sum().backward()  # the budget named fits
     assert checkmate.plans_of(again)
+
+
+def test_an_infeasible_byte_budget_with_a_loss_outside_names_the_budget_with_room_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the error's least peak is the graph's own: a language model whose cross-entropy is
+    # computed on its logits, optimized again at it, stepped at 1.43x it (a Hugging Face
+    # GPT-2). The note names the budget with room for the loss, and steps fit it
+    monkeypatch.setenv("CHECKMATE_CACHE", "0")
+    torch.manual_seed(0)
+    base = TinyTransformer(512, 64, 2)
+    x = torch.randint(0, 512, (8, 64))
+
+    def step(m: nn.Module) -> None:
+        F.cross_entropy(m(x).flatten(0, 1), x.flatten()).backward()
+
+    eager = copy.deepcopy(base)
+    step(eager)
+    eager.zero_grad(set_to_none=True)
+    peak = measure_peak(lambda: step(eager))
+    opt = checkmate.optimize(copy.deepcopy(base), int(0.3 * peak), time_limit=4)
+    with pytest.raises(InfeasibleBudgetError) as caught:
+        step(opt)
+    notes = "\n".join(caught.value.notes)
+    found = re.search(r"in all, a budget of at least [0-9.]+ [KMG]?i?B \(([0-9,]+) bytes\)", notes)
+    assert found and "outside the module" in notes, str(caught.value)
+    fits = int(found.group(1).replace(",", ""))
+    assert caught.value.minimum is not None and fits > caught.value.minimum
+    again = checkmate.optimize(copy.deepcopy(base), fits, time_limit=4)
+    peaks = []
+    for _ in range(4):
+        peaks.append(measure_peak(lambda: step(again)))
+        again.zero_grad(set_to_none=True)
+    assert all(p <= STEP_SLACK * fits for p in peaks[2:]), [p / fits for p in peaks]
 
 
 class _BrokenCNN(nn.Module):
