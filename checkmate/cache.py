@@ -268,6 +268,7 @@ _INFEASIBLE_MAX = 256
 def _remember_infeasible(
     key: str, time_limit: float | None, outcome: InfeasibleBudgetError | SolveResult
 ) -> None:
+    """Remember ``outcome`` for ``key`` (searched with ``time_limit``), forgetting the oldest."""
     _INFEASIBLE[key] = (time_limit, outcome)
     while len(_INFEASIBLE) > _INFEASIBLE_MAX:
         del _INFEASIBLE[next(iter(_INFEASIBLE))]

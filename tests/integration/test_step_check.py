@@ -1176,24 +1176,35 @@ def _two_backwards(model: Any, x: Any, y: Any, t: Any) -> None:
     nn.functional.mse_loss(b, t).backward()
 
 
-@pytest.mark.parametrize("fraction", [0.85, 0.6])
-def test_a_backward_run_again_through_one_forward_is_planned_with_what_it_saved_held(fraction: float) -> None:
-    """``backward(retain_graph=True)`` then a second backward: autograd holds what the forward
-    saved until the last backward, beside the first backward's gradients. Measured over the
-    budget, the step is said to be that (not memory held outside the module) and planned
-    again holding it, within the budget where a plan fits; where none does, warned so."""
+def _two_heads_batch() -> tuple[Any, Any, Any]:
     g = torch.Generator().manual_seed(0)
-    x, y, t = (
+    return (
         torch.randn(512, 256, generator=g),
         torch.randint(0, 10, (512,), generator=g),
         torch.randn(512, 1, generator=g),
     )
+
+
+def _two_heads_at(fraction: float, x: Any, y: Any, t: Any) -> tuple[Any, Any, int]:
+    """An eager two-headed model (its gradients zero), a copy to optimize, and the budget
+    ``fraction`` of the eager step's peak."""
     eager = _TwoHeads()
     model = copy.deepcopy(eager)
     _two_backwards(eager, x, y, t)
     eager.zero_grad(set_to_none=True)
     budget = int(fraction * measure_peak(lambda: _two_backwards(eager, x, y, t)))
     eager.zero_grad(set_to_none=True)
+    return eager, model, budget
+
+
+@pytest.mark.parametrize("fraction", [0.85, 0.6])
+def test_a_backward_run_again_through_one_forward_is_planned_with_what_it_saved_held(fraction: float) -> None:
+    """``backward(retain_graph=True)`` then a second backward: autograd holds what the forward
+    saved until the last backward, beside the first backward's gradients. Measured over the
+    budget, the step is said to be that (not memory held outside the module) and planned
+    again holding it, within the budget where a plan fits; where none does, warned so."""
+    x, y, t = _two_heads_batch()
+    eager, model, budget = _two_heads_at(fraction, x, y, t)
     opt = checkmate.optimize(model, budget, time_limit=4)
     sgd = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
     with warnings.catch_warnings(record=True) as caught:
@@ -1227,17 +1238,8 @@ def test_a_step_run_again_through_one_forward_that_no_plan_fits_is_warned_of_bef
     holding what the forward saves through both backwards fits, the step planned as before ran
     over the budget again, said only by the warning after the next step measured (a transformer
     at 0.6 of eager's peak: two more steps at 1.15x and 1.10x). Said when it is planned so."""
-    g = torch.Generator().manual_seed(0)
-    x, y, t = (
-        torch.randn(512, 256, generator=g),
-        torch.randint(0, 10, (512,), generator=g),
-        torch.randn(512, 1, generator=g),
-    )
-    eager = _TwoHeads()
-    model = copy.deepcopy(eager)
-    _two_backwards(eager, x, y, t)
-    eager.zero_grad(set_to_none=True)
-    budget = int(0.6 * measure_peak(lambda: _two_backwards(eager, x, y, t)))
+    x, y, t = _two_heads_batch()
+    _, model, budget = _two_heads_at(0.6, x, y, t)
     opt = checkmate.optimize(model, budget, time_limit=4)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
