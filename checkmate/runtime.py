@@ -1620,16 +1620,13 @@ class Planner:
         graph its least peak beside that and the rest set aside: the error's own figures are
         the graph's, and a Hugging Face GPT-2 whose cross-entropy is computed on its logits,
         optimized again at the least peak the error named, stepped at 1.43x it."""
-        room = self._outside_room(graph) or guess
+        measured = self._outside_room(graph)
+        room = measured or guess
         asked = self.budget.nbytes
         if asked is None or room <= 0 or exc.minimum is None:
             return
         fits = int(exc.minimum) + max(asked - exc.budget, 0) + room
-        how = (
-            "measured"
-            if self._outside_room(graph)
-            else "guessed for a loss on its outputs until a step is measured"
-        )
+        how = "measured" if measured else "guessed for a loss on its outputs until a step is measured"
         exc.add_note(
             f"the step also holds about {format_bytes(room)} outside the module between its forward and backward "
             f"({how}), beside which no plan fitted: in all, a budget of at least {format_bytes(fits)} ({fits:,} "
