@@ -838,7 +838,10 @@ def _training_call(
             and (state.planner.latest.get(key) or not state.planner.records)
         ):
             _rearm(state)
-        raise
+        eager = _eager_error(exc)
+        if eager is None:
+            raise
+        raise eager from None
     finally:
         state.planner.pending_held = 0  # only the call that found more calls held plans beside them
     if len(state.planner.records) > before:
@@ -983,6 +986,39 @@ def _rearm(state: CheckmateState) -> None:
             "Dynamo may skip the compiled step from now on (a compile of the forward failed): compiling it again"
         )
     state.recompile = True
+
+
+def _eager_error(exc: BaseException) -> BaseException | None:
+    """The error eager PyTorch raises where Dynamo wrapped it, or None to raise ``exc`` as it is.
+
+    Dynamo runs each op on fake tensors as it traces the step, and an op that raises there (a
+    ``BatchNorm1d`` given one sample in training: ``ValueError``) raises ``TorchRuntimeError``,
+    a ``RuntimeError``: a loop that skips such batches with ``except ValueError`` broke under
+    checkmate (and plain ``torch.compile``). The error at the end of its chain is the op's own;
+    it is raised where its type is one eager raises (not an error of torch's tracing machinery)
+    and the wrapper is not already of its type (a shape mismatch stays Dynamo's
+    ``RuntimeError``, whose text names the line of the model), with a note of where it was."""
+    if not isinstance(exc, torch._dynamo.exc.TorchRuntimeError):
+        return None
+    outer: BaseException = exc
+    inner: BaseException = exc
+    seen = {id(exc)}
+    while (nxt := inner.__cause__ or inner.__context__) is not None and id(nxt) not in seen:
+        seen.add(id(nxt))
+        outer, inner = inner, nxt
+    module = type(inner).__module__
+    if isinstance(exc, type(inner)) or isinstance(inner, CheckmateError) or module.startswith("torch"):
+        return None
+    outer.__cause__ = outer.__context__ = None  # raised in exc's handler, inner's context is exc: no cycle
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\w+)\n\s+(.+)', str(exc))
+    torch_dir = os.path.dirname(torch.__file__)
+    frames = [f for f in frames if not f[0].startswith(torch_dir)] or frames  # the user's line, else torch's
+    where = f" at {frames[-1][0]}:{frames[-1][1]} ({frames[-1][3].strip()})" if frames else ""
+    inner.add_note(
+        f"raised as Dynamo traced the optimized step{where}, running its ops on fake tensors: the error eager "
+        f"PyTorch raises (torch.compile raises it as {type(exc).__name__})"
+    )
+    return inner
 
 
 def _skipped(self: nn.Module, state: CheckmateState, key: tuple[Any, ...], out: Any) -> None:

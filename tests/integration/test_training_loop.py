@@ -629,3 +629,35 @@ def test_a_step_run_under_torch_utils_checkpoint_is_planned_whole_and_a_fraction
             measured = measure_peak(functools.partial(step, opt))
             print(f"\ncheckpointed eager {checkpointed:,} B, planned {measured:,} B")
             assert measured <= 1.02 * checkpointed
+
+
+def test_a_batch_of_one_through_batchnorm_raises_eagers_value_error_and_the_next_batch_steps() -> None:
+    # BatchNorm1d in training refuses one sample with ValueError; Dynamo, tracing the step on fake
+    # tensors, wraps it in TorchRuntimeError. A loop that skips such a batch with
+    # ``except ValueError`` must work under checkmate as in eager, and leave the model stepping
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(256, 512),
+        nn.BatchNorm1d(512),
+        nn.ReLU(),
+        nn.Linear(512, 256),
+        nn.Tanh(),
+        nn.Linear(256, 256),
+    )
+    twin = copy.deepcopy(model)
+    opt = checkmate.optimize(model, "min")
+    x = torch.randn(512, 256)
+    for m in (opt, twin):
+        m(x).sum().backward()
+    with pytest.raises(ValueError, match="more than 1 value per channel") as raised:
+        opt(torch.randn(1, 256))
+    assert type(raised.value) is ValueError
+    assert any("Dynamo traced the optimized step" in n for n in getattr(raised.value, "__notes__", []))
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        twin(torch.randn(1, 256))  # what eager raised, for comparison
+    for m in (opt, twin):
+        m.zero_grad(set_to_none=True)
+        m(x).sum().backward()
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad)
+    assert torch.equal(model[1].running_mean, twin[1].running_mean)
