@@ -838,10 +838,7 @@ def _training_call(
             and (state.planner.latest.get(key) or not state.planner.records)
         ):
             _rearm(state)
-        eager = _eager_error(exc)
-        if eager is None:
-            raise
-        raise eager from None
+        raise
     finally:
         state.planner.pending_held = 0  # only the call that found more calls held plans beside them
     if len(state.planner.records) > before:
@@ -988,7 +985,7 @@ def _rearm(state: CheckmateState) -> None:
     state.recompile = True
 
 
-def _eager_error(exc: BaseException) -> BaseException | None:
+def _eager_error(exc: torch._dynamo.exc.TorchRuntimeError) -> BaseException | None:
     """The error eager PyTorch raises where Dynamo wrapped it, or None to raise ``exc`` as it is.
 
     Dynamo runs each op on fake tensors as it traces the step, and an op that raises there (a
@@ -998,8 +995,6 @@ def _eager_error(exc: BaseException) -> BaseException | None:
     it is raised where its type is one eager raises (not an error of torch's tracing machinery)
     and the wrapper is not already of its type (a shape mismatch stays Dynamo's
     ``RuntimeError``, whose text names the line of the model), with a note of where it was."""
-    if not isinstance(exc, torch._dynamo.exc.TorchRuntimeError):
-        return None
     outer: BaseException = exc
     inner: BaseException = exc
     seen = {id(exc)}
@@ -1010,10 +1005,10 @@ def _eager_error(exc: BaseException) -> BaseException | None:
     if isinstance(exc, type(inner)) or isinstance(inner, CheckmateError) or module.startswith("torch"):
         return None
     outer.__cause__ = outer.__context__ = None  # raised in exc's handler, inner's context is exc: no cycle
-    frames = re.findall(r'File "([^"]+)", line (\d+), in (\w+)\n\s+(.+)', str(exc))
+    frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s+(.+)', str(exc))
     torch_dir = os.path.dirname(torch.__file__)
     frames = [f for f in frames if not f[0].startswith(torch_dir)] or frames  # the user's line, else torch's
-    where = f" at {frames[-1][0]}:{frames[-1][1]} ({frames[-1][3].strip()})" if frames else ""
+    where = f" at {frames[-1][0]}:{frames[-1][1]} ({frames[-1][2].strip()})" if frames else ""
     inner.add_note(
         f"raised as Dynamo traced the optimized step{where}, running its ops on fake tensors: the error eager "
         f"PyTorch raises (torch.compile raises it as {type(exc).__name__})"
@@ -2064,6 +2059,11 @@ def _compiled_call(
             f"the joint graph could not be planned: {type(inner).__name__}: {inner}; "
             "report it with the model, or run the model without checkmate"
         ) from inner
+    except torch._dynamo.exc.TorchRuntimeError as exc:
+        eager = _eager_error(exc)
+        if eager is None:
+            raise
+        raise eager from None
     except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TraceError(
