@@ -150,30 +150,40 @@ def fsdp_reserve() -> int:
     Parameters are primals, outside every graph's memory, but FSDP2 allocates the unsharded
     ones inside the step: the parameters of every sharded module whose forward is running
     (the block being planned and its enclosing root, which keeps its own unsharded through
-    the step) count, and the innermost module's once more: during its backward FSDP2
+    the step) count, at the dtype they are gathered in (a ``MixedPrecisionPolicy``'s
+    ``param_dtype``), and the innermost module's once more: during its backward FSDP2
     prefetches the next block's all-gather, and after it copies the gradients into the
-    reduce-scatter input.
+    reduce-scatter input, which is in the policy's ``reduce_dtype`` (float32 gradients of
+    bfloat16 parameters are twice their size: planned at the parameters' size, such a
+    block measured 1.09x its budget).
     """
     if _fsdp_module_class() is None:
         return 0
     from torch.distributed._composable_state import _module_state_mapping
     from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
 
-    running: dict[torch.nn.Module, int] = {}
+    gathered: dict[torch.nn.Module, int] = {}  # module -> bytes of its unsharded parameters
+    reduced: dict[torch.nn.Module, int] = {}  # module -> bytes of its reduce-scatter input
     for module, ref in list(_module_state_mapping.items()):
         state = ref()
         if state is None or getattr(state, "_training_state", None) != TrainingState.FORWARD:
             continue
-        running[module] = sum(
-            fp._orig_size.numel() * (fp.param_dtype or fp.orig_dtype).itemsize
-            for group in getattr(state, "_fsdp_param_groups", ())
-            for fp in group.fsdp_params
+        params = [fp for group in getattr(state, "_fsdp_param_groups", ()) for fp in group.fsdp_params]
+        gathered[module] = sum(fp._orig_size.numel() * _gathered_dtype(fp).itemsize for fp in params)
+        reduced[module] = sum(
+            fp._orig_size.numel() * (getattr(fp, "reduce_dtype", None) or _gathered_dtype(fp)).itemsize
+            for fp in params
         )
-    if not running:
+    if not gathered:
         return 0
     # the innermost: the running module with no running module below it
-    inner = [m for m in running if not any(o is not m and o in running for o in m.modules())]
-    return sum(running.values()) + max(running[m] for m in inner)
+    inner = [m for m in gathered if not any(o is not m and o in gathered for o in m.modules())]
+    return sum(gathered.values()) + max(max(gathered[m], reduced[m]) for m in inner)
+
+
+def _gathered_dtype(fp: Any) -> torch.dtype:
+    """The dtype FSDP2 all-gathers an ``FSDPParam`` in (and computes its gradient in)."""
+    return fp.param_dtype or fp.orig_dtype  # type: ignore[no-any-return]
 
 
 def fsdp_params_of(module: torch.nn.Module) -> tuple[Any, ...]:
