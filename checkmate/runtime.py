@@ -1627,6 +1627,8 @@ class Planner:
             return
         fits = int(exc.minimum) + max(asked - exc.budget, 0) + room
         how = "measured" if measured else "guessed for a loss on its outputs until a step is measured"
+        # the reserve's note named a budget without this room: one figure to pass, this one
+        exc.revise_notes(lambda note: note.split(_AT_LEAST)[0])
         exc.add_note(
             f"the step also holds about {format_bytes(room)} outside the module between its forward and backward "
             f"({how}), beside which no plan fitted: in all, a budget of at least {format_bytes(fits)} ({fits:,} "
@@ -2749,6 +2751,11 @@ _RESERVED = (
 _EARLIER = "what graphs before it in the step keep for their backward"
 
 
+#: the clause of :func:`_reserve_note` naming the byte budget that fits beside the reserve
+#: (dropped where :meth:`Planner._note_outside` names one with room outside the module too)
+_AT_LEAST = "; a budget of at least "
+
+
 def _reserve_note(
     reserve: int,
     ref: int,
@@ -2774,7 +2781,7 @@ def _reserve_note(
         )
     elif asked is not None and graph_bytes is not None and asked > graph_bytes:
         fits = int(minimum) + asked - graph_bytes
-        note += f"; a budget of at least {format_bytes(fits)} ({fits:,} bytes) leaves it the least peak found"
+        note += f"{_AT_LEAST}{format_bytes(fits)} ({fits:,} bytes) leaves it the least peak found"
     return note
 
 

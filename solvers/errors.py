@@ -5,6 +5,7 @@ Every error says what was wrong, where, and what to do. ``assert`` is kept for b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
@@ -38,6 +39,11 @@ class CheckmateError(Exception):
         if not isinstance(note, str):
             raise TypeError(f"a note must be a str, not {type(note).__name__}")
         self._notes = (*self.notes, note)
+
+    def revise_notes(self, revise: Callable[[str], str], /) -> None:
+        """Replaces each note by ``revise(note)`` (a later layer's figure superseding an
+        earlier one's: one budget to pass, not two)."""
+        self._notes = tuple(revise(n) for n in self.notes)
 
     @property
     def notes(self) -> tuple[str, ...]:

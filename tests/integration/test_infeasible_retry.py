@@ -235,7 +235,8 @@ def test_an_infeasible_byte_budget_names_the_budget_that_fits_in_the_users_terms
     notes = "\n".join(caught.value.notes)
     assert "held beside this graph (DDP's buckets)" in notes, notes
     found = re.search(
-        r"a budget of at least [0-9.]+ [KMG]?i?B \(([0-9,]+) bytes\) leaves it the least peak", notes
+        r"a budget of at least [0-9.]+ [KMG]?i?B \(([0-9,]+) bytes\) leaves (it|this graph) the least peak",
+        notes,
     )
     assert found, notes
     fits = int(found.group(1).replace(",", ""))
@@ -278,6 +279,30 @@ def test_an_infeasible_byte_budget_with_a_loss_outside_names_the_budget_with_roo
         peaks.append(measure_peak(lambda: step(again)))
         again.zero_grad(set_to_none=True)
     assert all(p <= STEP_SLACK * fits for p in peaks[2:]), [p / fits for p in peaks]
+
+
+def test_an_infeasible_byte_budget_with_a_reserve_and_a_loss_outside_names_one_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # both notes named a budget to pass: the reserve's without room for the loss, then the
+    # one in all. Only the one in all is left, and it counts the reserve
+    import checkmate.runtime
+
+    monkeypatch.setenv("CHECKMATE_CACHE", "0")
+    monkeypatch.setattr(checkmate.runtime, "ddp_reserve", lambda: 1 << 20)
+    torch.manual_seed(0)
+    base = TinyTransformer(512, 64, 2)
+    x = torch.randint(0, 512, (8, 64))
+    opt = checkmate.optimize(base, 3 << 20, time_limit=4)
+    with pytest.raises(InfeasibleBudgetError) as caught:
+        F.cross_entropy(opt(x).flatten(0, 1), x.flatten()).backward()
+    notes = "\n".join(caught.value.notes)
+    assert "1.00 MiB of the budget asked is held beside this graph (DDP's buckets)" in notes, notes
+    assert notes.count("a budget of at least") == 1, notes
+    found = re.search(r"in all, a budget of at least [0-9.]+ [KMG]?i?B \(([0-9,]+) bytes\)", notes)
+    assert found and "outside the module" in notes, notes
+    assert caught.value.minimum is not None
+    assert int(found.group(1).replace(",", "")) > caught.value.minimum + (1 << 20)
 
 
 class _BrokenCNN(nn.Module):
