@@ -938,12 +938,7 @@ def _training_call(
                 "torch._dynamo.reset() before checkmate.optimize"
             )
         elif hooked := _backward_hooked(self):
-            why = (
-                f"Dynamo does not trace a module's backward hooks without compiled autograd, and {hooked} "
-                "has one (register_full_backward_hook, register_full_backward_pre_hook or register_backward_hook). "
-                "A hook on a tensor (`out.register_hook(fn)` in the forward) or on a parameter "
-                "(`param.register_hook(fn)`, `register_post_accumulate_grad_hook`) is planned with the step"
-            )
+            why = _backward_hook_why(hooked)
         elif checkpointing := _hf_checkpointing(self):
             why = (
                 f"Hugging Face gradient checkpointing is on (in {type(checkpointing).__name__}), and Dynamo runs the "
@@ -1036,6 +1031,8 @@ def _skipped(self: nn.Module, state: CheckmateState, key: tuple[Any, ...], out: 
         else "torch.compile captured no graph with a backward at these input shapes (Dynamo ran the forward "
         "eagerly)"
     )
+    if hooked := _backward_hooked(self):  # registered after the step was planned
+        what = _backward_hook_why(hooked)
     warnings.warn(
         f"a training step of {type(self).__name__} ran unplanned, with no memory bound: {what}. "
         "The step is compiled again at the next call, and the shapes planned before run their plans. Look for "
@@ -1403,6 +1400,17 @@ def _rnn_skipped(module: nn.Module) -> str | None:
         if isinstance(sub, nn.RNNBase):
             return f"{_submodule_name(module, name)} is an nn.{type(sub).__name__}"
     return None
+
+
+def _backward_hook_why(hooked: str) -> str:
+    """Why a step ran unplanned where ``hooked`` (:func:`_backward_hooked`) has a module
+    backward hook, in words."""
+    return (
+        f"Dynamo does not trace a module's backward hooks without compiled autograd, and {hooked} "
+        "has one (register_full_backward_hook, register_full_backward_pre_hook or register_backward_hook). "
+        "A hook on a tensor (`out.register_hook(fn)` in the forward) or on a parameter "
+        "(`param.register_hook(fn)`, `register_post_accumulate_grad_hook`) is planned with the step"
+    )
 
 
 def _backward_hooked(module: nn.Module) -> str | None:
@@ -2027,6 +2035,28 @@ def _recompile_limits() -> Iterator[None]:
             setattr(cfg, k, saved[k])
 
 
+@contextmanager
+def _hook_guards() -> Iterator[None]:
+    """Dynamo's guards on module hooks installed (``skip_nnmodule_hook_guards`` False), for one
+    call of the step: every compile of it, whichever call makes it, checks the hooks it inlined.
+
+    Dynamo skips those guards by default, so a hook registered on a submodule after the step
+    was compiled, or one removed, is never seen: a forward hook zeroing a layer's output,
+    registered after the first step, did not run, and the step's output and gradients were
+    those without it (eager's run it). With the guards the step is compiled, and planned, again
+    (a forward hook that only reads the output included: an OverheadWarning names the guard
+    after :data:`RECOMPILES_PLANNED` such compiles)."""
+    cfg = torch._dynamo.config
+    if not cfg.skip_nnmodule_hook_guards:
+        yield
+        return
+    cfg.skip_nnmodule_hook_guards = False
+    try:
+        yield
+    finally:
+        cfg.skip_nnmodule_hook_guards = True
+
+
 # torch.compile(optimized) traces the frames _forward calls (its disable is not recursive, so that
 # the eager path of an optimized module stays compilable): this one must run as written, or Dynamo
 # inlines the planned step into the outer graph and the outer backend compiles it, unplanned
@@ -2038,10 +2068,11 @@ def _compiled_call(
     (a call that may compile: a new input signature, or :func:`_near_limit`), its failures
     as checkmate's errors."""
     try:
-        if not limits:
-            return state.compiled(*args, **kwargs)
-        with _recompile_limits():
-            return state.compiled(*args, **kwargs)
+        with _hook_guards():
+            if not limits:
+                return state.compiled(*args, **kwargs)
+            with _recompile_limits():
+                return state.compiled(*args, **kwargs)
     except torch._dynamo.exc.FailOnRecompileLimitHit as exc:
         limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         raise CheckmateError(

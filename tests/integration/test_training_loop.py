@@ -661,3 +661,56 @@ def test_a_batch_of_one_through_batchnorm_raises_eagers_value_error_and_the_next
     for p, q in zip(model.parameters(), twin.parameters(), strict=True):
         assert p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad)
     assert torch.equal(model[1].running_mean, twin[1].running_mean)
+
+
+def test_forward_hooks_registered_or_removed_between_steps_run_as_in_eager() -> None:
+    """A forward hook registered on a submodule after the step was compiled (activation
+    statistics, a feature tap, a hook that edits the output) runs as in eager, and one removed
+    stops running: Dynamo skips guards on module hooks by default, and such a hook never ran.
+    Every step's output and gradients equal an eager twin's that has the same hooks."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 10))
+    twin = copy.deepcopy(model)
+    opt = checkmate.optimize(model, 0.9, time_limit=3)
+    x = torch.randn(2048, 64)
+    seen: list[str] = []
+    handles: dict[str, list[Any]] = {"model": [], "twin": []}
+
+    def scale(factor: float, name: str) -> Callable[..., torch.Tensor]:
+        def hook(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+            seen.append(name)
+            return out * factor
+
+        return hook
+
+    def pre(module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return (args[0].clamp(-0.5, 0.5),)
+
+    # (what to do before the step, where): none, a hook added, removed, another added, a pre-hook
+    phases: list[Callable[[nn.Module, str], None]] = [
+        lambda m, k: None,
+        lambda m, k: handles[k].append(m[2].register_forward_hook(scale(0.5, k))),
+        lambda m, k: handles[k].pop().remove(),
+        lambda m, k: handles[k].append(m[2].register_forward_hook(scale(-2.0, k))),
+        lambda m, k: handles[k].append(m[3].register_forward_pre_hook(pre)),
+        lambda m, k: [h.remove() for h in handles[k]],
+    ]
+    for phase, change in enumerate(phases):
+        change(model, "model")
+        change(twin, "twin")
+        seen.clear()
+        for m in (model, twin):
+            m.zero_grad(set_to_none=True)
+        got, want = opt(x), twin(x)
+        got.square().mean().backward()
+        want.square().mean().backward()
+        assert seen.count("model") == seen.count("twin"), (phase, seen)
+        assert torch.equal(got, want), phase
+        for p, q in zip(model.parameters(), twin.parameters()):
+            assert torch.equal(p.grad, q.grad), phase  # type: ignore[arg-type]
+    # a module backward hook, which Dynamo does not trace: the step runs eagerly, warned, naming it
+    ran: list[str] = []
+    model[0].register_full_backward_hook(lambda m, gi, go: ran.append("hook"))  # type: ignore[index]
+    with pytest.warns(checkmate.UnplannedWarning, match=r"Sequential\.0 has one"):
+        opt(x).square().mean().backward()
+    assert ran == ["hook"]
