@@ -171,6 +171,8 @@ class CheckmateState:
     warned_paths: bool = field(default=False, repr=False)
     unmeasurable: set[tuple[Any, ...]] = field(default_factory=set, repr=False)
     recompile: bool = False
+    #: the global module forward hooks at the last training call (:func:`_global_forward_hooks`)
+    global_hooks: tuple[tuple[int, ...], ...] | None = None
     warned_outside: bool = False
     #: a planned step was differentiated with create_graph=True, and a warning said so
     warned_double: bool = False
@@ -773,6 +775,14 @@ def _training_call(
                     else "gradients from earlier micro-batches",
                 )
                 state.recompile = True
+    # under a dispatch mode (a FlopCounterMode, whose module tracker's global hooks live as long
+    # as it) Dynamo runs the step eagerly: those hooks are not the step's, and the next call's
+    # are compared with the ones before (an MFU logged every few steps compiled it again each time)
+    if not torch._C._len_torch_dispatch_stack() and (hooks := _global_forward_hooks()) != state.global_hooks:
+        if state.global_hooks is not None and state.planner.records:
+            log.info("a global module forward hook was registered or removed: compiling the step again")
+            state.recompile = True
+        state.global_hooks = hooks
     if state.planner.unobserved:  # graphs that fit together where the loop drops what they hand on
         state.planner.judge_split()
     replanned = state.recompile or state.planner.recompile  # compiled again by checkmate: not counted
@@ -1020,7 +1030,9 @@ def _skipped(self: nn.Module, state: CheckmateState, key: tuple[Any, ...], out: 
     if not _needs_grad(out) or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
         return  # under a fake mode the graphs run uncounted (Planner.backend)
     planned = bool(state.planner.latest.get(key))
-    _rearm(state)
+    mode = torch.utils._python_dispatch._get_current_dispatch_mode()
+    if mode is None:  # under a dispatch mode Dynamo runs frames as written, marking nothing skipped:
+        _rearm(state)  # compiled again after a FlopCounterMode's step, each plain step after one took 0.5 s
     if state.warned_skipped:
         return
     state.warned_skipped = True
@@ -1033,10 +1045,19 @@ def _skipped(self: nn.Module, state: CheckmateState, key: tuple[Any, ...], out: 
     )
     if hooked := _backward_hooked(self):  # registered after the step was planned
         what = _backward_hook_why(hooked)
+    elif mode is not None:
+        what = (
+            f"a dispatch mode is active ({type(mode).__name__}: a FLOP counter, a debug mode), under which "
+            "Dynamo runs the step as written"
+        )
+    then = (
+        "The calls outside it run their plans"
+        if mode is not None
+        else "The step is compiled again at the next call, and the shapes planned before run their plans. Look "
+        "for what makes Dynamo fall back (TORCH_LOGS=graph_breaks,recompiles)"
+    )
     warnings.warn(
-        f"a training step of {type(self).__name__} ran unplanned, with no memory bound: {what}. "
-        "The step is compiled again at the next call, and the shapes planned before run their plans. Look for "
-        "what makes Dynamo fall back (TORCH_LOGS=graph_breaks,recompiles)",
+        f"a training step of {type(self).__name__} ran unplanned, with no memory bound: {what}. {then}",
         UnplannedWarning,
         stacklevel=_caller_level(),
     )
@@ -1400,6 +1421,22 @@ def _rnn_skipped(module: nn.Module) -> str | None:
         if isinstance(sub, nn.RNNBase):
             return f"{_submodule_name(module, name)} is an nn.{type(sub).__name__}"
     return None
+
+
+def _global_forward_hooks() -> tuple[tuple[int, ...], ...]:
+    """The handles of the global module forward hooks and pre-hooks
+    (``torch.nn.modules.module.register_module_forward_hook``; a FLOP counter's, a tracer's).
+
+    Dynamo guards on none of them, even with its module hook guards on (:func:`_hook_guards`):
+    one registered after the step was compiled never ran (a hook halving every Tanh's output:
+    the step's output and gradients were those without it), and one removed would run on. Where
+    they changed since the last training call the step is compiled again."""
+    from torch.nn.modules import module as nn_module
+
+    return (
+        tuple(nn_module._global_forward_pre_hooks),
+        tuple(nn_module._global_forward_hooks),
+    )
 
 
 def _backward_hook_why(hooked: str) -> str:

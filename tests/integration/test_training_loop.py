@@ -714,3 +714,47 @@ def test_forward_hooks_registered_or_removed_between_steps_run_as_in_eager() -> 
     with pytest.warns(checkmate.UnplannedWarning, match=r"Sequential\.0 has one"):
         opt(x).square().mean().backward()
     assert ran == ["hook"]
+
+
+def test_global_forward_hooks_run_as_in_eager_and_a_flop_counted_step_compiles_nothing_again() -> None:
+    """A global module forward hook (``register_module_forward_hook``) registered between steps
+    runs, and stops running once removed: Dynamo guards on none, and it never ran. A step run
+    under a ``FlopCounterMode`` (an MFU logged every few steps), which Dynamo runs as written,
+    is warned of once, and the plain steps after it run their plan: each was compiled again."""
+    from torch.nn.modules.module import register_module_forward_hook
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 10))
+    twin = copy.deepcopy(model)
+    opt = checkmate.optimize(model, 0.9, time_limit=3)
+    x = torch.randn(2048, 64)
+
+    def halve(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor | None:
+        return out * 0.5 if isinstance(module, nn.Tanh) else None
+
+    def same_step() -> None:
+        for m in (model, twin):
+            m.zero_grad(set_to_none=True)
+        got, want = opt(x), twin(x)
+        got.square().mean().backward()
+        want.square().mean().backward()
+        assert torch.equal(got, want)
+        for p, q in zip(model.parameters(), twin.parameters()):
+            assert torch.equal(p.grad, q.grad)  # type: ignore[arg-type]
+
+    same_step()
+    handle = register_module_forward_hook(halve)
+    try:
+        same_step()  # the hook runs in both
+    finally:
+        handle.remove()
+    same_step()  # and in neither
+    planned = len(checkmate.plans_of(opt))
+    with pytest.warns(checkmate.UnplannedWarning, match="a dispatch mode is active"):
+        for _ in range(3):
+            with FlopCounterMode(display=False) as flops:
+                opt(x).square().mean().backward()
+            assert flops.get_total_flops() > 0
+            same_step()
+    assert len(checkmate.plans_of(opt)) == planned
