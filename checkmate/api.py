@@ -172,7 +172,7 @@ class CheckmateState:
     unmeasurable: set[tuple[Any, ...]] = field(default_factory=set, repr=False)
     recompile: bool = False
     #: the global module forward hooks at the last training call (:func:`_global_forward_hooks`)
-    global_hooks: tuple[tuple[int, ...], ...] | None = None
+    global_hooks: tuple[tuple[Any, ...], ...] | None = None
     warned_outside: bool = False
     #: a planned step was differentiated with create_graph=True, and a warning said so
     warned_double: bool = False
@@ -1423,9 +1423,10 @@ def _rnn_skipped(module: nn.Module) -> str | None:
     return None
 
 
-def _global_forward_hooks() -> tuple[tuple[int, ...], ...]:
-    """The handles of the global module forward hooks and pre-hooks
-    (``torch.nn.modules.module.register_module_forward_hook``; a FLOP counter's, a tracer's).
+def _global_forward_hooks() -> tuple[tuple[Any, ...], ...]:
+    """The global module forward hooks and pre-hooks (``torch.nn.modules.module.
+    register_module_forward_hook``; a module tracker's), each by what its trace inlines
+    (:func:`_hook_key`).
 
     Dynamo guards on none of them, even with its module hook guards on (:func:`_hook_guards`):
     one registered after the step was compiled never ran (a hook halving every Tanh's output:
@@ -1434,9 +1435,30 @@ def _global_forward_hooks() -> tuple[tuple[int, ...], ...]:
     from torch.nn.modules import module as nn_module
 
     return (
-        tuple(nn_module._global_forward_pre_hooks),
-        tuple(nn_module._global_forward_hooks),
+        tuple(map(_hook_key, nn_module._global_forward_pre_hooks.values())),
+        tuple(map(_hook_key, nn_module._global_forward_hooks.values())),
     )
+
+
+def _hook_key(hook: Any) -> tuple[Any, ...]:
+    """A hook by its code, the object it is bound to and the objects its closure holds: the
+    same hook registered anew at every step (a new lambda, a new handle) keeps its key, so the
+    step is not compiled again for it."""
+    func = getattr(hook, "__func__", hook)
+    code = getattr(func, "__code__", None)
+    if code is None:  # a callable object, a builtin
+        return (id(hook),)
+    cells = tuple(id(c.cell_contents) for c in getattr(func, "__closure__", None) or () if _filled(c))
+    return (code, id(getattr(hook, "__self__", None)), cells)
+
+
+def _filled(cell: Any) -> bool:
+    """Whether a closure cell holds a value (one not yet assigned raises on reading)."""
+    try:
+        _ = cell.cell_contents
+    except ValueError:
+        return False
+    return True
 
 
 def _backward_hook_why(hooked: str) -> str:
