@@ -45,7 +45,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as nn_module
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from checkmate.distributed import (
     active_ddp_module,
@@ -778,7 +780,7 @@ def _training_call(
     # under a dispatch mode (a FlopCounterMode, whose module tracker's global hooks live as long
     # as it) Dynamo runs the step eagerly: those hooks are not the step's, and the next call's
     # are compared with the ones before (an MFU logged every few steps compiled it again each time)
-    if not torch._C._len_torch_dispatch_stack() and (hooks := _global_forward_hooks()) != state.global_hooks:
+    if _get_current_dispatch_mode() is None and (hooks := _global_forward_hooks()) != state.global_hooks:
         if state.global_hooks is not None and state.planner.records:
             log.info("a global module forward hook was registered or removed: compiling the step again")
             state.recompile = True
@@ -1030,7 +1032,7 @@ def _skipped(self: nn.Module, state: CheckmateState, key: tuple[Any, ...], out: 
     if not _needs_grad(out) or torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
         return  # under a fake mode the graphs run uncounted (Planner.backend)
     planned = bool(state.planner.latest.get(key))
-    mode = torch.utils._python_dispatch._get_current_dispatch_mode()
+    mode = _get_current_dispatch_mode()
     if mode is None:  # under a dispatch mode Dynamo runs frames as written, marking nothing skipped:
         _rearm(state)  # compiled again after a FlopCounterMode's step, each plain step after one took 0.5 s
     if state.warned_skipped:
@@ -1432,8 +1434,6 @@ def _global_forward_hooks() -> tuple[tuple[Any, ...], ...]:
     one registered after the step was compiled never ran (a hook halving every Tanh's output:
     the step's output and gradients were those without it), and one removed would run on. Where
     they changed since the last training call the step is compiled again."""
-    from torch.nn.modules import module as nn_module
-
     return (
         tuple(map(_hook_key, nn_module._global_forward_pre_hooks.values())),
         tuple(map(_hook_key, nn_module._global_forward_hooks.values())),
@@ -1475,8 +1475,6 @@ def _backward_hook_why(hooked: str) -> str:
 def _backward_hooked(module: nn.Module) -> str | None:
     """The name of a submodule of ``module`` (or ``"every module"``, for a global hook) with a
     module backward hook, which Dynamo does not trace, or None."""
-    from torch.nn.modules import module as nn_module
-
     if nn_module._global_backward_hooks or nn_module._global_backward_pre_hooks:
         return "every module (a global backward hook)"
     for name, sub in module.named_modules():
@@ -2103,8 +2101,8 @@ def _hook_guards() -> Iterator[None]:
     was compiled, or one removed, is never seen: a forward hook zeroing a layer's output,
     registered after the first step, did not run, and the step's output and gradients were
     those without it (eager's run it). With the guards the step is compiled, and planned, again
-    (a forward hook that only reads the output included: an OverheadWarning names the guard
-    after :data:`RECOMPILES_PLANNED` such compiles)."""
+    when its hooks change (a forward hook that only reads the output included); the same hook
+    registered anew at every step compiles nothing again."""
     cfg = torch._dynamo.config
     if not cfg.skip_nnmodule_hook_guards:
         yield

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +59,22 @@ def _param_bytes(module: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
+def _eager_peak(eager: torch.nn.Module, step: Callable[[torch.nn.Module], None]) -> int:
+    """The measured peak of eager FSDP2's ``step`` (after a first step, which allocates the
+    gradients), the least over the ranks: it varies by a few percent between ranks and runs,
+    and every rank is given one budget."""
+    from checkmate.memory import measure_peak
+
+    step(eager)
+    eager.zero_grad(set_to_none=True)
+    peak = torch.tensor(measure_peak(lambda: step(eager)))
+    torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MIN)
+    return int(peak)
+
+
 def _train(rank: int) -> dict[str, Any]:
     import checkmate
     from checkmate.distributed import plan_hash
-    from checkmate.memory import measure_peak
 
     base = _model()
     x = torch.randint(0, 64, (8, 32), generator=torch.Generator().manual_seed(100 + rank))
@@ -70,13 +83,7 @@ def _train(rank: int) -> dict[str, Any]:
         torch.manual_seed(seed)
         m(x).float().pow(2).mean().backward()
 
-    eager = _shard(copy.deepcopy(base))
-    step(eager, 1)
-    eager.zero_grad(set_to_none=True)
-    # FSDP2's eager peak varies by a few percent between ranks and runs: one budget for all
-    peak = torch.tensor(measure_peak(lambda: step(eager, 1)))
-    torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MIN)
-    budget = int(SHARE * int(peak))
+    budget = int(SHARE * _eager_peak(_shard(copy.deepcopy(base)), lambda m: step(m, 1)))
     nblocks = len(base.blocks)  # type: ignore[arg-type]
 
     twin = _shard(copy.deepcopy(base))
@@ -206,12 +213,7 @@ def _accumulate(rank: int, nested: bool) -> dict[str, Any]:
         for x in xs:
             (m(x).float().pow(2).mean() / MICRO).backward()
 
-    eager = _shard(copy.deepcopy(base))
-    accumulate(eager)
-    eager.zero_grad(set_to_none=True)
-    peak = torch.tensor(measure_peak(lambda: accumulate(eager)))
-    torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MIN)
-    budget = int(ACCUM_SHARE * int(peak))
+    budget = int(ACCUM_SHARE * _eager_peak(_shard(copy.deepcopy(base)), accumulate))
     twin, planned = _shard(copy.deepcopy(base)), copy.deepcopy(base)
     blocks = planned.blocks
     optimized = []
@@ -284,7 +286,6 @@ def _mixed(rank: int) -> dict[str, Any]:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     import checkmate
-    from checkmate.memory import measure_peak
     from solvers.errors import InfeasibleBudgetError
     from tests.integration._models import TinyTransformer
 
@@ -297,12 +298,8 @@ def _mixed(rank: int) -> dict[str, Any]:
         torch.manual_seed(seed)
         m(x).float().pow(2).mean().backward()
 
-    eager = _shard(copy.deepcopy(base), mp_policy=mp)
-    step(eager, 1)
-    eager.zero_grad(set_to_none=True)
-    peak = torch.tensor(measure_peak(lambda: step(eager, 1)))
-    torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MIN)
-    fits, tight = (int(share * int(peak)) for share in MIXED_SHARES)
+    peak = _eager_peak(_shard(copy.deepcopy(base), mp_policy=mp), lambda m: step(m, 1))
+    fits, tight = (int(share * peak) for share in MIXED_SHARES)
 
     planned = copy.deepcopy(base)
     planned.blocks[0] = checkmate.optimize(planned.blocks[0], fits, time_limit=5.0)  # type: ignore[index]
