@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -695,19 +696,25 @@ def test_forward_hooks_registered_or_removed_between_steps_run_as_in_eager() -> 
         lambda m, k: handles[k].append(m[3].register_forward_pre_hook(pre)),
         lambda m, k: [h.remove() for h in handles[k]],
     ]
-    for phase, change in enumerate(phases):
-        change(model, "model")
-        change(twin, "twin")
-        seen.clear()
-        for m in (model, twin):
-            m.zero_grad(set_to_none=True)
-        got, want = opt(x), twin(x)
-        got.square().mean().backward()
-        want.square().mean().backward()
-        assert seen.count("model") == seen.count("twin"), (phase, seen)
-        assert torch.equal(got, want), phase
-        for p, q in zip(model.parameters(), twin.parameters()):
-            assert torch.equal(p.grad, q.grad), phase  # type: ignore[arg-type]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for phase, change in enumerate(phases):
+            change(model, "model")
+            change(twin, "twin")
+            seen.clear()
+            for m in (model, twin):
+                m.zero_grad(set_to_none=True)
+            got, want = opt(x), twin(x)
+            got.square().mean().backward()
+            want.square().mean().backward()
+            assert seen.count("model") == seen.count("twin"), (phase, seen)
+            assert torch.equal(got, want), phase
+            for p, q in zip(model.parameters(), twin.parameters()):
+                assert torch.equal(p.grad, q.grad), phase  # type: ignore[arg-type]
+    # every step ran planned: the hooked ones compiled, and planned, again
+    assert not [w for w in caught if issubclass(w.category, checkmate.UnplannedWarning)]
+    plans = checkmate.plans_of(opt)
+    assert len(plans) >= 3 and any(r.recomputes > 0 for r in plans), [r.recomputes for r in plans]
     # a module backward hook, which Dynamo does not trace: the step runs eagerly, warned, naming it
     ran: list[str] = []
     model[0].register_full_backward_hook(lambda m, gi, go: ran.append("hook"))  # type: ignore[index]
@@ -743,14 +750,20 @@ def test_global_forward_hooks_run_as_in_eager_and_a_flop_counted_step_compiles_n
         for p, q in zip(model.parameters(), twin.parameters()):
             assert torch.equal(p.grad, q.grad)  # type: ignore[arg-type]
 
-    same_step()
-    handle = register_module_forward_hook(halve)
-    try:
-        same_step()  # the hook runs in both
-    finally:
-        handle.remove()
-    same_step()  # and in neither
-    planned = len(checkmate.plans_of(opt))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        same_step()
+        handle = register_module_forward_hook(halve)
+        try:
+            same_step()  # the hook runs in both
+        finally:
+            handle.remove()
+        same_step()  # and in neither
+    # every step ran planned: the hooked one compiled, and planned, again
+    assert not [w for w in caught if issubclass(w.category, checkmate.UnplannedWarning)]
+    plans = checkmate.plans_of(opt)
+    assert len(plans) >= 2 and any(r.recomputes > 0 for r in plans), [r.recomputes for r in plans]
+    planned = len(plans)
     with pytest.warns(checkmate.UnplannedWarning, match="a dispatch mode is active"):
         for _ in range(3):
             with FlopCounterMode(display=False) as flops:
