@@ -555,6 +555,9 @@ class Planner:
     warned_retained: set[object] = field(default_factory=set, repr=False)
     overrun_warning: str | None = field(default=None, repr=False)
     warned_overrun: bool = field(default=False, repr=False)
+    #: structures of the graphs whose fraction was raised for them (:meth:`_plan`): warned
+    #: once each, then logged (a loss graph split off raises it at every new input shape)
+    warned_raised: set[tuple[Hashable, ...]] = field(default_factory=set, repr=False)
     profile_id: str | None = field(default=None, repr=False)
     made_inputs: tuple[bool, ...] = field(default=(), repr=False)
     watch: OutputWatch = field(default_factory=OutputWatch, repr=False)
@@ -789,7 +792,8 @@ class Planner:
         A fraction budget applies to each graph's own keep-all peak. A graph for which that
         fraction is infeasible (the largest op of a loss graph split off by a graph break
         needs its whole peak) is planned at its own minimum, or keep-all when the minimum
-        is not known to be below it, with a :class:`BudgetWarning`, when its keep-all peak
+        is not known to be below it, with a :class:`BudgetWarning` (once per graph; at another
+        input shape it is logged), when its keep-all peak
         is at most half that of the largest graph compiled for the same step so far: it
         does not set the step's peak. So is a graph that is the largest so far but after
         which the step goes on (a graph break: a Hugging Face wav2vec2's feature encoder is
@@ -2732,13 +2736,17 @@ class Planner:
             at = f"the {fraction:.0%} asked ({format_bytes(asked)}: its bytes less {format_bytes(reserve)} {_RESERVED})"
         else:
             at = f"the {fraction:.0%} asked ({format_bytes(asked)})"
-        warnings.warn(
+        said = (
             f"graph {len(self.records)} ({graph.n - 1} ops, keep-all peak {format_bytes(ref)}) has no schedule at "
             f"{at}; it is planned at {format_bytes(res.budget)} ({res.budget / max(ref, 1):.0%} of its peak) "
-            f"instead. {why}",
-            BudgetWarning,
-            stacklevel=2,
+            f"instead. {why}"
         )
+        shape_free = (structure(graph), unsettled)
+        if shape_free in self.warned_raised:  # the same graph at another input shape
+            log.info("%s", said)
+        else:
+            self.warned_raised.add(shape_free)
+            warnings.warn(said, BudgetWarning, stacklevel=2)
         return res, asked
 
 

@@ -12,6 +12,7 @@ A model Dynamo runs eagerly (``nn.LSTM``) plans nothing: its training step warns
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import re
 import warnings
@@ -67,7 +68,9 @@ def _data() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(1024, 32), torch.randint(0, 16, (1024,))
 
 
-def test_fraction_infeasible_for_a_small_loss_graph_plans_it_at_its_minimum() -> None:
+def test_fraction_infeasible_for_a_small_loss_graph_plans_it_at_its_minimum(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     torch.manual_seed(0)
     eager = BodyThenLoss()
     opt = checkmate.optimize(copy.deepcopy(eager), 0.5, profile="cpu", time_limit=3)
@@ -98,6 +101,17 @@ def test_fraction_infeasible_for_a_small_loss_graph_plans_it_at_its_minimum() ->
         warnings.simplefilter("error")
         opt(x, y).backward()
     assert len(plans_of(opt)) == 2
+
+    # a larger batch (a loop whose batches vary) raises the loss graph's fraction again: said
+    # in the log, not warned again at every new shape
+    x2, y2 = torch.randn(1536, 32), torch.randint(0, 16, (1536,))
+    with warnings.catch_warnings(), caplog.at_level(logging.INFO, logger="checkmate"):
+        warnings.simplefilter("error", BudgetWarning)
+        opt(x2, y2).backward()
+    head2 = plans_of(opt)[-1]
+    assert head2.reference_peak > head.reference_peak and "budget raised from" in head2.summary()
+    said = [r.getMessage() for r in caplog.records if "has no schedule at" in r.getMessage()]
+    assert len(said) == 1 and format_bytes(head2.result.budget) in said[0], said
 
 
 class Aux(nn.Module):
