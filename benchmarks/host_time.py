@@ -143,7 +143,7 @@ def _peak(step: Callable[[], torch.Tensor]) -> int:
 def run(cfg: Config, pairs: int, profile_steps: int, out: Path, *, reuse: bool = False) -> str:
     """Measure every configured model; returns the summary (also written under ``out``).
     ``reuse``: a row for checkmate's plan compiled without Inductor's buffer reuse."""
-    from checkmate import runtime
+    from checkmate import backends
     from checkmate.api import _STATE
 
     summary: list[str] = []
@@ -174,7 +174,7 @@ def run(cfg: Config, pairs: int, profile_steps: int, out: Path, *, reuse: bool =
         methods: dict[str, Callable[[], torch.Tensor]] = {"checkmate": cm, "bypass": bypass, "compile": ref}
         if reuse:  # the same plan with Inductor's buffer reuse off (on in checkmate's checked compiles)
             reuse_model = copy.deepcopy(base)
-            runtime.INDUCTOR_CONFIG["allow_buffer_reuse"] = False
+            backends.INDUCTOR_CONFIG["allow_buffer_reuse"] = False
             try:
                 methods["cm-reuse"] = prepare_checkmate(
                     1.0, cfg.strategy, cfg.time_limit, notes, compiler="inductor"
@@ -182,7 +182,7 @@ def run(cfg: Config, pairs: int, profile_steps: int, out: Path, *, reuse: bool =
                 for _ in range(cfg.warmup + 3):
                     methods["cm-reuse"]().backward()
             finally:
-                del runtime.INDUCTOR_CONFIG["allow_buffer_reuse"]
+                del backends.INDUCTOR_CONFIG["allow_buffer_reuse"]
         peaks = {name: _peak(fn) for name, fn in methods.items()}
         timing = {name: _pairs(ref, fn, pairs, cfg.device) for name, fn in methods.items()}
         own = {name: _own_times(fn, profile_steps, cfg.device) for name, fn in methods.items()}

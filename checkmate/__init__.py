@@ -58,7 +58,7 @@ _LAZY = {
     "UnplannedWarning": "checkmate.api",
     "BudgetWarning": "checkmate.runtime",
     "OverheadWarning": "checkmate.runtime",
-    "CompilerFallbackWarning": "checkmate.runtime",
+    "CompilerFallbackWarning": "checkmate.backends",
 }
 
 

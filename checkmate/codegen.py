@@ -293,7 +293,7 @@ def generate(
     split = split_point(jg, schedule)
     # the simulated bytes in use after each compute, and the plan's budget, on the nodes each
     # compute emits (``meta["checkmate_memory"]``): Inductor's fusion heuristics read them
-    # (checkmate.runtime._PlanOrderChoices)
+    # (checkmate.backends.PlanOrderChoices)
     timeline = simulate(jg.graph, schedule).timeline
     after = [int(timeline[s]) for s, (op, _) in enumerate(schedule.steps) if op == COMPUTE]
     ceiling = int(budget) if budget is not None else int(timeline.max(initial=0))

@@ -19,25 +19,24 @@ Two compilers run those modules (``Planner.compiler``):
   memory it moves, not a kernel; a matrix product that an addition reads runs where the
   addition is, as Inductor's ``addmm`` does (:func:`checkmate.trace.into_addmm`). Inductor
   compiles the halves with buffer reuse off and horizontal fusion only where the budget has
-  room for what the plan frees between the two kernels (:class:`_PlanOrderChoices`). Since
+  room for what the plan frees between the two kernels (:class:`checkmate.backends.PlanOrderChoices`). Since
   Inductor still does not hold exactly what the plan simulates, each plan is compiled and
   run once before it is returned, and replanned until its measured peak fits the budget
   (:mod:`checkmate.compiled`); the step then runs that compile, from Inductor's cache.
 
-Either way AOTAutograd's runtime wraps the two halves in an autograd.Function, so
+The two torch.compile backends are :mod:`checkmate.backends`; this module is the planner
+they call. Either way AOTAutograd's runtime wraps the two halves in an autograd.Function, so
 ``loss.backward()``, optimizers and gradient accumulation work as usual, and it copies
 mutated buffers (BatchNorm running statistics) back once per step.
 """
 
 from __future__ import annotations
 
-import bisect
 import dis
 import functools
 import logging
 import math
 import sys
-import time
 import types
 import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -47,9 +46,17 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._dynamo.backends.common import aot_autograd
-from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
+from checkmate.backends import (
+    RECORD_KEY,
+    NoCompiledFit,
+    Watch,
+    aot_backend,
+    bw_donated,
+    compile_half,
+    flat_args,
+    inductor_backend,
+)
 from checkmate.cache import cached_solve, recall_least_peak, remember_least_peak
 from checkmate.codegen import SplitModules, generate
 from checkmate.compiled import Calibration, CompileHalf
@@ -72,14 +79,9 @@ from checkmate.split import (
 )
 from checkmate.stepcheck import STEP_SLACK, abort_windows
 from checkmate.tangents import (
-    MadeZeros,
-    NoneTangents,
     compiled_nodes,
     grad_fns,
-    release_unused,
     unread_tangents,
-    watch_held,
-    watch_outputs,
 )
 from checkmate.timers import stage
 from checkmate.trace import (
@@ -192,9 +194,6 @@ _Plan = tuple[SolveResult, SplitModules, tuple[str, ...]]
 #: "Compilers")
 COMPILERS = ("aot", "inductor")
 
-#: the meta key, on a generated backward's output node, of the index of its plan's record
-RECORD_KEY = "checkmate_record"
-
 
 #: the dispatch key of an active FakeTensorMode (Dynamo propagating fake tensors)
 _FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
@@ -218,24 +217,6 @@ class OverheadWarning(UserWarning):
     Or a Python number among a module's inputs changes from call to call, and each value compiles
     and plans the step again (:func:`checkmate.api._warn_if_numbers_vary`), or its inputs' shapes
     do (:func:`checkmate.api._warn_if_shapes_vary`). The budget holds; the step is slow."""
-
-
-class CompilerFallbackWarning(UserWarning):
-    """Under ``compiler="inductor"``, a graph whose compiled step no plan fits within the
-    budget runs its plan uncompiled, as ``compiler="aot"`` does, where one fits: the budget
-    holds; that graph is not compiled. Measured: a Hugging Face Swin at 0.5 of eager's peak
-    (536.34 KiB), whose Inductor step measured 1.10 MiB keeping every value (712.50 KiB at the
-    least peak the graph model found); planned as aot traces it, it steps within the budget.
-    A Hugging Face Segformer at 0.5, whose compiled plans all measured 1.08-1.14x the budget:
-    uncompiled, 0.96x."""
-
-
-class _NoCompiledFit(Exception):
-    """Under Inductor with the compiled check, no plan's compiled step measured within the
-    budget (the message says what was measured): the backend runs the graph uncompiled where
-    a plan fits that way (:func:`_uncompiled`), else compiles it again with
-    :attr:`Planner.fallback` off, to run the plan measured least with a
-    :class:`BudgetWarning`."""
 
 
 #: a plan whose compute is more than this over its graph's, without recomputation, warns
@@ -414,7 +395,7 @@ class Planner:
             there was planned with for the graphs after it, guessed: :meth:`_later_room`),
             until :meth:`finish_call` compares it with theirs.
         fallback: under Inductor, a graph no plan's compiled step fits raises
-            :class:`_NoCompiledFit`, for the backend to run it uncompiled; off, its plan
+            :class:`NoCompiledFit`, for the backend to run it uncompiled; off, its plan
             measured least runs compiled, with a :class:`BudgetWarning`; and a plan at the least
             simulated peak is checked compiled even where it is costly (:meth:`_at_least_peak`).
         skipped_least: the graph being compiled had its costly plan at the least simulated peak
@@ -711,11 +692,11 @@ class Planner:
     def backend(self) -> Callable[..., Any]:
         """A torch.compile backend running this planner's plans with its compiler."""
         if self.compiler == "inductor":
-            inner = _inductor_backend(self)
+            inner = inductor_backend(self)
         else:
             # its first backward shows whether the loop drops the outputs beside the loss: a
             # plan with them dropped may recompute less (first_backward)
-            inner = _aot_backend(self, observe=True)
+            inner = aot_backend(self, observe=True)
 
         def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], **configs: Any) -> Any:
             compile_id = torch._guards.CompileContext.current_compile_id()
@@ -762,7 +743,7 @@ class Planner:
         if earlier is None and not loose:
             return step(*args)
         # read before a boxed call clears them
-        made = grad_fns(_flat(args)) if earlier is not None else frozenset()
+        made = grad_fns(flat_args(args)) if earlier is not None else frozenset()
         out = step(*args)
         outs = out if isinstance(out, (list, tuple)) else (out,)
         nodes = compiled_nodes(outs, made) if earlier is not None else []
@@ -969,7 +950,7 @@ class Planner:
         )
         return dropped, got
 
-    def watch_loop(self, rec: PlanRecord) -> Callable[[], _Watch | None]:
+    def watch_loop(self, rec: PlanRecord) -> Callable[[], Watch | None]:
         """For a graph of the step planned holding the outputs beside its loss, what its
         backwards watch until the loop's first (:meth:`first_backward`): those outputs, under
         a byte budget (under Inductor, where plans are checked compiled)."""
@@ -980,7 +961,7 @@ class Planner:
             else frozenset()
         )
 
-        def watch() -> _Watch | None:
+        def watch() -> Watch | None:
             if self.loop_seen or not keys or self.budget.nbytes is None or not self.plan_dropped:
                 return None
             if self.compiler == "inductor" and not self.check_compiled:
@@ -1288,7 +1269,7 @@ class Planner:
         asked (``exc.budget``) by the compiled check; where that plan's compute is more than
         :data:`COSTLY` over the graph's, the plan keeping every value instead. Near the least
         peak a plan recomputes much of the forward: long to compile, and slower than the
-        graph's plan run uncompiled where one fits (:func:`_uncompiled`). A Hugging Face Swin
+        graph's plan run uncompiled where one fits (:func:`checkmate.backends.uncompiled`). A Hugging Face Swin
         at 0.5 of eager's peak: the least-peak plan recomputed 5,180 values (+924%), a backward
         of 9,043 nodes that Inductor took 581 s to compile twice (with buffer reuse and
         without) on a 2-core CPU with empty caches, measured over the budget, and the graph
@@ -1381,12 +1362,12 @@ class Planner:
             assert p[0].schedule is not None
             key = (p[0].schedule.steps, reuse)
             if key not in measured:
-                compile_half = functools.partial(
-                    _compile_half, static=static, donated=_bw_donated(p[1], jg.num_fwd_outputs)
+                compile_one = functools.partial(
+                    compile_half, static=static, donated=bw_donated(p[1], jg.num_fwd_outputs)
                 )
                 with inductor_config.patch(allow_buffer_reuse=reuse):
                     measured[key] = _logged_peak(
-                        p, jg.num_fwd_outputs, compile_half, self.inputs, held, len(self.records), jg.dropped
+                        p, jg.num_fwd_outputs, compile_one, self.inputs, held, len(self.records), jg.dropped
                     )
             return measured[key]
 
@@ -1428,7 +1409,7 @@ class Planner:
                 f"plans measured: {tried}"
             )
             if self.fallback:  # the backend runs it uncompiled where a plan fits that way
-                raise _NoCompiledFit(over)
+                raise NoCompiledFit(over)
             if check.no_plan_below is not None:  # replanning for less found no plan
                 what = (
                     f"no plan simulates under {format_bytes(check.no_plan_below)}: the budget is about the "
@@ -2910,502 +2891,6 @@ def _codegen(joint: fx.GraphModule, jg: JointGraph, res: SolveResult) -> tuple[S
 
     done = page_saved(modules, jg, res.schedule)
     return done.modules, done.paged
-
-
-#: Inductor's config for checkmate's compiles (beside the partitioner and buffer reuse)
-INDUCTOR_CONFIG: dict[str, Any] = {"fx_graph_cache": True}
-
-
-def _inductor_backend(planner: Planner) -> Callable[..., Any]:
-    """A torch.compile backend: Inductor, with ``planner`` as its partitioner.
-
-    AOTAutograd's cache is off for these compiles: a cached artifact would skip the
-    partitioner, so the step would run a plan made for another budget (or none), and the
-    planner would hold no record of it. Inductor's FX-graph cache (one entry per compiled
-    half) is on, with the plan's memory annotations in its key (:class:`_Partitioner`): the
-    compile that :mod:`checkmate.compiled` measured is the one the step runs, read back from
-    the cache, and a later process compiles a plan it measured before from the cache too.
-    """
-    from torch._inductor import config as inductor_config
-    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-    from torch._inductor.virtualized import V
-
-    partitioner = _Partitioner(planner)
-    patches = {
-        "custom_partitioner_fn": partitioner,
-        # a buffer Inductor reuses stays allocated from its last use until it is reused, through
-        # whatever peak lies between, where the plan frees each value at its last use. Reuse saves
-        # an allocation each (on an H200, torch 2.11, 104 of a ResNet-like CNN's 257 a step; its
-        # step, host-bound, 1.046x torch.compile's without and 1.002x with, at the same peak): on
-        # where the compiled check measures each plan's step with it (and turns it off for a
-        # graph whose first plan measures over the budget with it: Planner._checked), off where
-        # nothing measures it
-        "allow_buffer_reuse": planner.check_compiled and not planner.budget.least,
-        **INDUCTOR_CONFIG,
-    }
-
-    def inner(gm: fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
-        # the forward's and the backward's compile (the backward's runs later, at the first
-        # backward call, outside the backend's call)
-        partitioner.digest = _memory_digest(gm)
-        reuse = bool(inductor_config.allow_buffer_reuse) and partitioner.digest not in partitioner.no_reuse
-        made = MadeZeros(gm) if kwargs.get("is_backward") and MadeZeros.can_make(gm) else None
-        with (
-            inductor_config.patch(allow_buffer_reuse=reuse),
-            V.set_choices_handler(_PlanOrderChoices(V.choices)),
-        ):
-            out = compile_fx_inner(gm, *args, **kwargs)
-        if made is not None:  # read before Inductor's passes rewrite gm
-            made.compiled = out
-            return made
-        return out
-
-    def compiled(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        before = len(planner.records)
-        with torch._functorch.config.patch(enable_autograd_cache=False):
-            step: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
-                gm, list(example_inputs), inner_compile=inner, config_patches=patches
-            )
-        rec = planner.records[-1] if len(planner.records) > before else None
-        if rec is not None and rec.joint.dropped:  # planned as the loop was seen: watched
-            return _releasing(
-                step,
-                example_inputs,
-                rec.joint.dropped,
-                functools.partial(planner.held, rec),
-                release=partitioner.zeros_made,
-            )
-        if rec is not None and rec.joint.beside_loss:  # does the loop drop them? (first_backward)
-            return _releasing(
-                step, example_inputs, release=partitioner.zeros_made, loop=planner.watch_loop(rec)
-            )
-        # the gradients of outputs the loss leaves unread stay undefined: MadeZeros makes
-        # their zeros in the backward, and leaves the gradients only they reach None
-        return _releasing(step, example_inputs) if partitioner.zeros_made else step
-
-    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        planner.inputs = example_inputs  # the step's tensors, for checking plans compiled
-        planner.skipped_least = False
-        start = time.perf_counter()
-
-        def without_fallback(note: str | None = None) -> Any:
-            """Compiled again with :attr:`Planner.fallback` off, after no plan fit uncompiled
-            (``note`` says so on the error, where it raises)."""
-            planner.fallback = False
-            try:
-                return compiled(gm, example_inputs)
-            except InfeasibleBudgetError as last:
-                if note is None:
-                    raise
-                last.add_note(note)
-                raise last from None
-            finally:
-                planner.fallback = True
-
-        try:
-            return compiled(gm, example_inputs)
-        except InfeasibleBudgetError as exc:  # no schedule the graph model finds, nor compiled
-            try:
-                return _uncompiled(planner, gm, example_inputs, str(exc), time.perf_counter() - start)
-            except InfeasibleBudgetError as again:
-                either = f"Run uncompiled (compiler='aot'), no plan of it fits either: {again}"
-                if not planner.skipped_least:
-                    exc.add_note(either)
-                    raise exc from None
-                return without_fallback(either)  # the costly plan at the least peak, compiled, may fit
-        except _NoCompiledFit as over:  # plans compiled, each measured over the budget
-            try:
-                return _uncompiled(planner, gm, example_inputs, str(over), time.perf_counter() - start)
-            except InfeasibleBudgetError:  # the plan measured least, compiled, with a warning
-                return without_fallback()
-        finally:
-            planner.inputs = None
-
-    return backend
-
-
-def _uncompiled(
-    planner: Planner, gm: fx.GraphModule, example_inputs: Sequence[Any], why: str, tried: float
-) -> Any:
-    """The graph no plan's Inductor step fits (``why``), planned for and run as
-    ``compiler="aot"`` runs it (the aot graph is not decomposed as Inductor's is, and its
-    plan runs as planned), with a :class:`CompilerFallbackWarning` that gives the seconds
-    the compiled attempts took (``tried``), which ``compiler="aot"`` skips (a Hugging Face
-    Swin at 0.5 of eager's peak: 87 s of its first call's 99 s with empty Inductor caches on
-    a 2-core CPU, where ``compiler="aot"`` took 12 s; 581 s of 627 s when the costly plan at
-    its least simulated peak was compiled too, see :meth:`Planner._at_least_peak`).
-
-    Raises:
-        InfeasibleBudgetError: no plan fits that way either.
-    """
-    index = len(planner.records)
-    # its first backward shows whether the loop drops the outputs beside the loss: a plan
-    # compiled with them dropped may fit (Planner.first_backward)
-    out = _aot_backend(planner, observe=True)(gm, list(example_inputs))
-    warnings.warn(
-        f"graph {index}: no plan's step compiled by Inductor fits the budget of {planner.budget} ({why}); "
-        "the graph runs its plan uncompiled, as compiler='aot' does, within the budget. A larger budget "
-        f"lets Inductor compile it; compiler='aot' plans it without the compiled attempts, which took "
-        f"{tried:.0f} s here",
-        CompilerFallbackWarning,
-        stacklevel=2,
-    )
-    return out
-
-
-class _Partitioner(CustomPartitionerFn):
-    """checkmate's planner as Inductor's partitioner (``custom_partitioner_fn``).
-
-    Its uuid is part of the key of Inductor's FX-graph cache for each half compiled: it
-    names the plan's memory annotations of the half being compiled (``digest``, set before
-    each compile), on which :class:`_PlanOrderChoices` decides fusions, so that halves with
-    equal code but another budget are not one cache entry. ``VERSION`` is in it too: bumped
-    when what checkmate's compiles hand Inductor changes outside the graph (version 2: the
-    backward's donated inputs, :func:`_bw_donated`, which the cache key does not hold;
-    version 3: vertical fusions refused by :class:`_PlanOrderChoices`), so that an artifact
-    compiled by an older checkmate is not read back."""
-
-    VERSION = 3
-
-    def __init__(self, planner: Planner) -> None:
-        self.planner = planner
-        self.digest = ""
-        self.zeros_made = False
-        #: the digests of halves to compile without buffer reuse (:attr:`Planner.reuse_refused`)
-        self.no_reuse: set[str] = set()
-
-    def __call__(
-        self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
-    ) -> tuple[fx.GraphModule, fx.GraphModule]:
-        self.planner.reuse_refused = False
-        fw, bw = self.planner.partition(gm, joint_inputs, **kwargs)
-        self.zeros_made = MadeZeros.can_make(bw)  # its backward will make undefined tangents' zeros
-        if self.planner.reuse_refused:  # compiled as checked (the backward's compile comes later)
-            self.no_reuse.update((_memory_digest(fw), _memory_digest(bw)))
-        return fw, bw
-
-    def uuid(self) -> str:
-        return f"checkmate-partitioner-{self.VERSION}:{self.digest}"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Inductor pickles its config into the cache key (and may keep the pickle while the
-        # config is unchanged): a constant stands for the planner; the digest is in uuid()
-        return (str, (f"checkmate-partitioner-{self.VERSION}",))
-
-
-def _memory_digest(gm: fx.GraphModule) -> str:
-    """A digest of the plan's memory annotations on ``gm``'s nodes (see :class:`_Partitioner`)."""
-    import hashlib
-
-    marks = [(n.name, n.meta.get("checkmate_memory")) for n in gm.graph.nodes if n.op == "call_function"]
-    return hashlib.sha256(repr(marks).encode()).hexdigest()[:24]
-
-
-@dataclass(frozen=True)
-class _DonatedOnly:
-    """What Inductor reads of AOTAutograd's metadata while it compiles a backward
-    (``torch._inductor.utils.get_donated_idxs``): the inputs it may overwrite."""
-
-    bw_donated_idxs: list[int]
-
-
-def _bw_donated(modules: SplitModules, num_fwd_outputs: int) -> list[int] | None:
-    """The backward inputs AOTAutograd will donate to Inductor's compile of ``modules``'
-    backward (``collect_bw_donated_buffer_idxs``): the saved values that alias no forward
-    input, forward output or gradient, which the backward may overwrite in place once read
-    (AOTAutograd frees them as the backward starts). None when it donates none (its
-    ``donated_buffer`` config off, a value it cannot judge, another torch release).
-
-    The compiled check must compile the backward as the step will: on torch 2.14 (CPU) a
-    backward compiled without them wrote the gradient of a 4096-word cross-entropy into a
-    buffer of its own beside the saved log-softmax, 32.3 MiB where the step compiled by
-    AOTAutograd holds 16.9 MiB, and the check, whose compile the step then reads from
-    Inductor's cache, refused a budget that torch.compile's step meets. An H100 with torch
-    2.11 measured the same 32 MiB before this, and torch.compile's own peak after it."""
-    try:
-        from torch._functorch._aot_autograd.graph_compile import (
-            collect_fw_donated_buffer_idxs,
-            contain_metadata_mutation_ops,
-        )
-    except ImportError:
-        return None
-    if not torch._functorch.config.donated_buffer:
-        return None
-    fw, bw = modules.forward, modules.backward
-    if contain_metadata_mutation_ops(fw) or contain_metadata_mutation_ops(bw):
-        return []
-
-    def vals(nodes: Sequence[Any]) -> list[Any]:
-        return [n.meta.get("val") if isinstance(n, fx.Node) else None for n in nodes]
-
-    fw_outs = list(fw.graph.find_nodes(op="output"))[-1].args[0]
-    bw_outs = list(bw.graph.find_nodes(op="output"))[-1].args[0]
-    saved = vals(fw_outs[num_fwd_outputs:])
-    if not all(isinstance(v, torch.Tensor) for v in saved):  # symbolic sizes saved: not judged here
-        return None
-    return list(
-        collect_fw_donated_buffer_idxs(
-            vals(fw.graph.find_nodes(op="placeholder")), vals(fw_outs[:num_fwd_outputs]), vals(bw_outs), saved
-        )
-    )
-
-
-def _compile_half(
-    gm: fx.GraphModule,
-    example_inputs: list[Any],
-    is_backward: bool,
-    *,
-    static: list[int],
-    donated: list[int] | None = None,
-) -> Callable[[list[Any]], Any]:
-    """Inductor's compile of one half of a plan, as :func:`_inductor_backend` will compile it
-    once the partitioner returns, so that the FX-graph cache holds the artifact for that
-    compile: the same annotations in the key, and the arguments Inductor's own forward and
-    backward compilers pass (those not known here are left out, which only costs a cache
-    miss); ``static``: the forward's inputs Dynamo marked static (parameters and buffers,
-    as AOTAutograd's metadata lists them); ``donated``: the backward's inputs AOTAutograd
-    donates (:func:`_bw_donated`). In a tracing context of its own, so that what it records
-    (output strides) is not taken for the real compile's."""
-    from torch._guards import TracingContext, detect_fake_mode, tracing
-    from torch._inductor import config
-    from torch._inductor.compile_fx import compile_fx_inner
-    from torch._inductor.virtualized import V
-
-    kwargs: dict[str, Any] = {"is_backward": is_backward}
-    try:
-        from torch._inductor.compile_fx import count_tangents
-        from torch._inductor.cudagraph_utils import BoxedDeviceIndex
-        from torch._inductor.decomposition import select_decomp_table
-        from torch._inductor.utils import BoxedBool
-
-        kwargs.update(
-            static_input_idxs=list(range(count_tangents(gm))) if is_backward else static,
-            cudagraphs=BoxedBool(bool(config.triton.cudagraphs)),
-            boxed_forward_device_index=BoxedDeviceIndex(None),
-            get_decomp_fn=select_decomp_table,
-        )
-        if not is_backward:
-            kwargs["is_inference"] = False
-    except (ImportError, AttributeError, TypeError):  # another release: a cache miss, no more
-        kwargs = {"is_backward": is_backward}
-    partitioner = config.custom_partitioner_fn
-    if isinstance(partitioner, _Partitioner):
-        partitioner.digest = _memory_digest(gm)
-    context = TracingContext(detect_fake_mode(example_inputs))  # the fake mode: its shape env
-    if is_backward and donated is not None:  # the saved values it may overwrite (_bw_donated)
-        context.fw_metadata = _DonatedOnly(donated)  # type: ignore[assignment]
-    with tracing(context), V.set_choices_handler(_PlanOrderChoices(V.choices)):
-        return compile_fx_inner(gm, example_inputs, **kwargs)  # type: ignore[no-any-return]
-
-
-class _PlanOrderChoices:
-    """Inductor's heuristics (``torch._inductor.choices.InductorChoices``, those in force
-    when the compile starts) for a plan's halves, except that a horizontal fusion (of two
-    kernels neither of which reads the other, fused because they read the same buffers)
-    that could take the step over its budget is refused.
-
-    Fused, the later kernel runs early (or the earlier one late): its result is allocated
-    while what the plan frees between the two is still held, so the step may hold up to
-    those bytes more than the plan anywhere between them. The fusion is made only when the
-    plan's simulated memory there (``meta["checkmate_memory"]`` on the nodes codegen emits)
-    plus the bytes freed between (last reads of Inductor's buffers and inputs, from the
-    earlier kernel on) stays within the plan's budget; with nothing freed between, fusing
-    moves no peak. Inductor's own rule allows any two kernels up to 64 scheduler nodes
-    apart. Measured on CPU with fused ops folded (:mod:`checkmate.trace`): on a GPT-2 (4
-    layers, d=128, 8 x 256 tokens) at 50 MiB, one layer's recomputed attention fused into
-    the next layer's softmax backward measured 1.26x the simulated peak, and a Llama-like
-    model at 40 MiB 1.10x its budget; with this rule both measured at most the simulated
-    peak. A vertical fusion (a producer into a consumer that does not follow it at once) is
-    made by the same rule: Inductor places a fused kernel where its first member was and
-    runs what it needs before it, so the consumer's result, and what was computed between
-    for it, are allocated while what the plan frees between the two is still held. Left to
-    Inductor, a Hugging Face ALBERT planned at 2.50 MiB measured 2.83 MiB compiled (2.24 MiB
-    with the rule), and one plan of a GPT-2 (4 layers, d=128, 8 x 256 tokens) at 71.80 MiB
-    measured 74.37 MiB (56.87 MiB: the compiled check then plans higher). Neighbours (what
-    :mod:`checkmate.fusion` models) are left to Inductor.
-    """
-
-    def __init__(self, prior: Any) -> None:
-        self._prior = prior
-        self._scheduler: int | None = None  # id of the scheduler the tables below are for
-        self._frees: list[tuple[int, int]] = []  # (position, bytes) of last reads, sorted
-        self._memory: dict[int, tuple[int, int]] = {}  # position -> (simulated bytes, budget)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._prior, name)
-
-    def _tables(self, scheduler: Any) -> None:
-        """Where buffers and graph inputs are read for the last time (outputs are never
-        freed) and their bytes; the plan's simulated memory at each scheduler position."""
-        if self._scheduler == id(scheduler):
-            return
-        from torch._inductor.virtualized import V
-
-        last: dict[str, int] = {}
-        for snode in scheduler.nodes:
-            for dep in snode.read_writes.reads:
-                last[dep.name] = max(last.get(dep.name, -1), snode.max_order)
-            for sub in snode.get_nodes():
-                marks = [
-                    m
-                    for o in getattr(sub.node, "origins", ()) or ()
-                    if (m := o.meta.get("checkmate_memory")) is not None
-                ]
-                if marks:
-                    self._memory[sub.min_order] = max(marks)
-        outputs = set(V.graph.get_output_names())
-        self._frees = sorted(
-            (p, _buffer_bytes(scheduler, name)) for name, p in last.items() if name not in outputs
-        )
-        self._scheduler = id(scheduler)
-
-    def can_fuse_horizontal(self, scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
-        # Inductor's own heuristics first: they refuse kernels far apart, which bounds the
-        # scan below to the pairs they would fuse
-        if not self._prior.can_fuse_horizontal(scheduler, node1, node2, shared_data_score):
-            return False
-        if node1.max_order < node2.min_order:
-            lo, hi = node1.max_order, node2.min_order
-        else:
-            lo, hi = node2.max_order, node1.min_order
-        # run together, the two hold at most what the plan frees between them on top of the
-        # plan's memory there
-        return self._fits(scheduler, min(node1.min_order, node2.min_order), hi, (lo, hi))
-
-    def can_fuse_vertical(self, scheduler: Any, node1: Any, node2: Any, shared_data_score: int) -> bool:
-        if not self._prior.can_fuse_vertical(scheduler, node1, node2, shared_data_score):
-            return False
-        if node1.max_order + 1 >= node2.min_order:  # neighbours: nothing runs in between
-            return True
-        # the consumer runs where its producer is, with what it needs: what runs between them
-        # and is freed there may be held at once (only what the producer reads last: ALBERT
-        # still measured 2.81 MiB of 2.50)
-        return self._fits(scheduler, node1.min_order, node2.min_order, (node1.max_order, node2.min_order))
-
-    def _fits(self, scheduler: Any, start: int, end: int, held: tuple[int, int]) -> bool:
-        """Whether the plan's memory at scheduler positions ``start..end``, plus the bytes
-        of the buffers last read at positions ``held`` (a half-open range), stays within
-        the plan's budget (always, when those bytes are none; never, where the plan's memory
-        there is not known)."""
-        self._tables(scheduler)
-        k = bisect.bisect_left(self._frees, (held[0], -1))
-        extra = 0
-        while k < len(self._frees) and self._frees[k][0] < held[1]:
-            extra += self._frees[k][1]
-            k += 1
-        if not extra:
-            return True
-        known = [self._memory[p] for p in range(start, end + 1) if p in self._memory]
-        return bool(known) and max(m for m, _ in known) + extra <= min(b for _, b in known)
-
-
-def _buffer_bytes(scheduler: Any, name: str) -> int:
-    """Bytes of an Inductor buffer or graph input (0 when unknown)."""
-    from torch._inductor.virtualized import V
-
-    buf = scheduler.name_to_buf.get(name)
-    node = buf.node if buf is not None else V.graph.graph_inputs.get(name)
-    if node is None:
-        return 0
-    try:
-        numel = 1
-        for d in node.get_size():
-            numel *= V.graph.sizevars.optimization_hint(d, fallback=1)
-        return int(numel) * node.get_dtype().itemsize
-    except (AttributeError, TypeError, NotImplementedError):
-        return 0
-
-
-def _as_is(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
-    """The forward's compiler: run the generated module unchanged (it uses the boxed convention)."""
-    return gm
-
-
-def _aot_backend(planner: Planner, *, observe: bool = False) -> Callable[..., Any]:
-    """AOTAutograd with ``planner`` as its partitioner, running the generated modules as they
-    are; the gradients of outputs the loss does not read stay undefined, as in eager, and the
-    backward runs without them (:mod:`checkmate.tangents`). ``observe``: the first backward
-    is watched for the outputs beside the loss (:meth:`Planner.watch_loop`)."""
-
-    def backward(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> NoneTangents:
-        # AOTAutograd compiles a copy of the module the partitioner made: its record is named
-        # in the output node's meta, which copies keep
-        out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-        index = out.meta.get(RECORD_KEY)
-        if index is None or not planner.records[index].joint.unread:
-            return NoneTangents(gm)
-        rec = planner.records[index]
-        return NoneTangents(gm, rec.joint.unread, functools.partial(planner.given, rec))
-
-    aot = aot_autograd(fw_compiler=_as_is, bw_compiler=backward, partition_fn=planner.partition)
-
-    def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], **configs: Any) -> Any:
-        before = len(planner.records)
-        compiled = aot(gm, example_inputs, **configs)
-        rec = planner.records[-1] if len(planner.records) > before else None
-        dropped = rec.joint.dropped if rec is not None else frozenset()  # outputs planned dropped
-        on_held = functools.partial(planner.held, rec) if rec is not None else None
-        loop = planner.watch_loop(rec) if observe and rec is not None else None
-        return _releasing(compiled, example_inputs, dropped, on_held, loop=loop)
-
-    return compile_graph
-
-
-#: outputs of a size and dtype in the keys, and what to call with their bytes alive when the
-#: backward starts (:func:`checkmate.tangents.watch_outputs`)
-_Watch = tuple[frozenset[tuple[tuple[int, ...], torch.dtype]], Callable[[int], None]]
-
-
-def _releasing(
-    step: Callable[..., Any],
-    example_inputs: Sequence[Any],
-    dropped: frozenset[tuple[tuple[int, ...], torch.dtype]] = frozenset(),
-    on_held: Callable[..., Any] | None = None,
-    *,
-    release: bool = True,
-    loop: Callable[[], _Watch | None] | None = None,
-) -> Callable[..., Any]:
-    """``step`` (a compiled forward's function, compiled for ``example_inputs``), after which
-    the outputs' gradients the loss leaves unread stay undefined
-    (:func:`checkmate.tangents.release_unused`; not where ``release`` is off: Inductor's
-    backward is given zeros for them), and outputs planned ``dropped`` at the backward's
-    start are watched (``on_held`` when one is still held there,
-    :func:`checkmate.tangents.watch_held`). ``loop``, at each call, says which outputs to
-    watch at this backward's start, if any (:meth:`Planner.watch_loop`)."""
-    # the inputs autograd may have made: not the parameters (leaves, and Dynamo's guards hold
-    # each to its type), most of a step's inputs, each read at every step otherwise
-    # (positions only: the closure must not hold the compile's example inputs, the first call's
-    # tensors, which a loss graph's include the logits)
-    made = [i for i, x in enumerate(example_inputs) if not isinstance(x, torch.nn.Parameter)]
-    n_inputs = len(example_inputs)
-
-    @functools.wraps(step)
-    def run(*args: Any) -> Any:
-        flat = _flat(args)  # read before the call: a boxed call clears its argument list
-        made_before = grad_fns([flat[i] for i in made] if len(flat) == n_inputs else flat)
-        out = step(*args)
-        outs = out if isinstance(out, (list, tuple)) else (out,)
-        watch = loop() if loop is not None else None
-        held = on_held if dropped else None
-        if release:
-            nodes = release_unused(outs, made_before)
-        elif held is not None or watch is not None:  # Inductor's: nodes only where something is watched
-            nodes = compiled_nodes(outs, made_before)
-        else:
-            return out
-        if held is not None:
-            watch_held(nodes, outs, dropped, held)
-        if watch is not None:
-            watch_outputs(nodes, outs, *watch)
-        return out
-
-    return run
-
-
-def _flat(args: tuple[Any, ...]) -> Sequence[Any]:
-    """A compiled graph's arguments, whether passed boxed (one list) or as they are (no copy:
-    read before the call, which may clear a boxed list)."""
-    return args[0] if len(args) == 1 and isinstance(args[0], list) else args
 
 
 def _cache_status(res: SolveResult, plan_path: str | None) -> str:

@@ -223,7 +223,7 @@ def test_a_budget_below_every_simulated_schedule_is_held_compiled_on_cuda() -> N
     # 2026-11-27) both measured 32.13 MiB against torch.compile's 16.76, and this budget
     # raised InfeasibleBudgetError. The same 32.25 MiB came on the CPU under torch 2.14: the
     # check compiled the backward without the saved values AOTAutograd donates, so the
-    # gradient was written beside the log-softmax instead of over it (runtime._bw_donated,
+    # gradient was written beside the log-softmax instead of over it (backends.bw_donated,
     # fixed since; torch 2.13 on the CPU reused the buffer either way). Re-run on an H100 with
     # the fix (torch 2.11, 2026-11-27, second session): 16,757,248 B, torch.compile's own peak
     import checkmate

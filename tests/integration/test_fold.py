@@ -259,7 +259,7 @@ def test_inductor_fuses_kernels_horizontally_only_within_the_budget() -> None:
     # them at once (a GPT-2: 1.26x the simulated peak): only where the budget has room for it
     from torch._inductor.virtualized import V
 
-    from checkmate.runtime import _PlanOrderChoices
+    from checkmate.backends import PlanOrderChoices
 
     # the plan holds 50 of its 100 bytes at kernels 0-4 (5-7 are not marked); last reads:
     # x (40 bytes) at 1, y (80) at 4, z (8) at 6, and the output o at 2 (never freed)
@@ -268,7 +268,7 @@ def test_inductor_fuses_kernels_horizontally_only_within_the_budget() -> None:
     sizes = {"x": 40, "y": 80, "z": 8, "o": 4096}
     scheduler, graph = _scheduled(kernels, sizes, outputs=["o"])
     prior = _Prior(refused={(1, 2)})
-    choices = _PlanOrderChoices(prior)
+    choices = PlanOrderChoices(prior)
 
     def fuse(a: int, b: int) -> bool:
         return choices.can_fuse_horizontal(scheduler, kernels[a], kernels[b], 100)
@@ -289,7 +289,7 @@ def test_inductor_fuses_a_producer_into_a_distant_consumer_only_within_the_budge
     # 2.50 MiB measured 2.83 MiB compiled)
     from torch._inductor.virtualized import V
 
-    from checkmate.runtime import _PlanOrderChoices
+    from checkmate.backends import PlanOrderChoices
 
     # the plan holds 88 of its 100 bytes at kernels 0-6. Kernel 1 reads x (40 bytes) for the
     # last time; its result p (4 bytes) is read at 2 (its neighbour) and last at 4; w (20
@@ -300,7 +300,7 @@ def test_inductor_fuses_a_producer_into_a_distant_consumer_only_within_the_budge
     scheduler, graph = _scheduled(kernels, sizes, outputs=[])
 
     def fuse(a: int, b: int, refused: frozenset[tuple[int, int]] = frozenset()) -> bool:
-        return _PlanOrderChoices(_Prior(set(refused))).can_fuse_vertical(scheduler, kernels[a], kernels[b], 1)
+        return PlanOrderChoices(_Prior(set(refused))).can_fuse_vertical(scheduler, kernels[a], kernels[b], 1)
 
     with V.set_graph_handler(graph):  # type: ignore[arg-type]
         assert not fuse(1, 4)  # x's 40 bytes and w's 20 freed between: 88 + 60 > 100

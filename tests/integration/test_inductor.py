@@ -117,16 +117,16 @@ def test_inductor_asks_the_plans_fusion_rule_in_the_forward_and_the_backward(
     # the rule reaches Inductor through compile_fx's inner_compile, which it also uses for
     # the backward it compiles lazily: a torch release that bypassed it would drop the rule
     # silently, and with it the budget (a GPT-2 measured 1.26x its simulated peak without)
-    from checkmate.runtime import _PlanOrderChoices
+    from checkmate.backends import PlanOrderChoices
 
     asked: dict[int, int] = {}
-    original = _PlanOrderChoices.can_fuse_horizontal
+    original = PlanOrderChoices.can_fuse_horizontal
 
     def spy(self: Any, *args: Any) -> bool:
         asked[id(self)] = asked.get(id(self), 0) + 1
         return original(self, *args)
 
-    monkeypatch.setattr(_PlanOrderChoices, "can_fuse_horizontal", spy)
+    monkeypatch.setattr(PlanOrderChoices, "can_fuse_horizontal", spy)
     reuse = _spy_buffer_reuse(monkeypatch)
     model, x, _, _ = references["transformer"]
     # unchecked and uncached, so that the step's own compiles schedule the kernels (a check,
@@ -146,7 +146,7 @@ def test_inductor_asks_the_plans_fusion_rule_in_the_forward_and_the_backward(
 
 def _spy_buffer_reuse(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
     """Records, per Inductor compile of a planned half, who compiled it (``inner``: the step's
-    own compile; ``_compile_half``: the compiled check's) and whether buffer reuse was on."""
+    own compile; ``compile_half``: the compiled check's) and whether buffer reuse was on."""
     import sys
 
     import torch._inductor.compile_fx as cfx
@@ -192,7 +192,7 @@ def test_buffer_reuse_is_on_where_the_checked_plan_fits_with_it(
             options={"polish": polish},
         )
         _assert_close(_grads(opt, x), ref_grads)
-    checks = [r for who, r in reuse if who == "_compile_half"]
+    checks = [r for who, r in reuse if who == "compile_half"]
     steps = [r for who, r in reuse if who == "inner"]
     assert len(steps) == 2 and checks, reuse  # the forward and the backward; plans checked
     if kept:  # the first plan fits with reuse: every check and the step's compiles keep it
@@ -498,7 +498,7 @@ def test_a_graph_whose_compiled_plans_all_measure_over_runs_uncompiled(
 def test_a_graph_no_plan_fits_either_way_runs_compiled_with_a_warning(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import checkmate.runtime as R
+    import checkmate.backends as B
     from solvers.errors import InfeasibleBudgetError
 
     _over_budget_everywhere(monkeypatch)
@@ -506,7 +506,7 @@ def test_a_graph_no_plan_fits_either_way_runs_compiled_with_a_warning(
     def no_plan(*args: Any) -> Any:
         raise InfeasibleBudgetError(1, 2)
 
-    monkeypatch.setattr(R, "_uncompiled", no_plan)
+    monkeypatch.setattr(B, "uncompiled", no_plan)
     model, x = _transformer()
     opt = checkmate.optimize(model, 0.6, compiler="inductor", time_limit=5, profile="cpu")
     with pytest.warns(BudgetWarning, match="no plan run uncompiled fits either"):
