@@ -31,7 +31,6 @@ import itertools
 import os
 import random
 import re
-import sys
 import threading
 import time
 import types
@@ -55,6 +54,12 @@ from checkmate.distributed import (
     fsdp_gradients,
     fsdp_params_of,
     in_process_group,
+)
+from checkmate.recompiles import (
+    caller_level,
+    warn_if_numbers_vary,
+    warn_if_recompiled,
+    warn_if_shapes_vary,
 )
 from checkmate.release import release_compiled
 from checkmate.runtime import (
@@ -215,22 +220,22 @@ class CheckmateState:
     #: with them: the gradients it keeps there count too (:func:`~checkmate.distributed.fsdp_gradients`)
     fsdp_params: tuple[Any, ...] = field(default=(), repr=False)
     #: an input signature with its Python numbers and bools left out -> those of each signature
-    #: seen with it (:func:`_warn_if_numbers_vary`)
+    #: seen with it (:func:`warn_if_numbers_vary`)
     numbers: dict[tuple[Any, ...], set[tuple[Any, ...]]] = field(default_factory=dict, repr=False)
     warned_numbers: bool = False
     #: an input signature with its tensors' sizes and its numbers left out -> the sizes of each
-    #: signature seen with it whose first call planned (:func:`_warn_if_shapes_vary`)
+    #: signature seen with it whose first call planned (:func:`warn_if_shapes_vary`)
     shapes: dict[tuple[Any, ...], set[tuple[Any, ...]]] = field(default_factory=dict, repr=False)
     warned_shapes: bool = False
     #: calls of an input signature compiled before that compiled graphs of the step again (a
     #: guard of Dynamo's failed; not one on a parameter's requires_grad), the seconds those
     #: calls took, and the reasons Dynamo recorded since the call before that compiled, by their
-    #: text with digits masked -> the latest (:func:`_warn_if_recompiled`)
+    #: text with digits masked -> the latest (:func:`warn_if_recompiled`)
     recompiles: int = 0
     recompile_seconds: float = 0.0
     recompile_reasons: dict[str, str] = field(default_factory=dict, repr=False)
     #: the number of guard failures Dynamo had recorded for each code object when the module
-    #: last compiled (:func:`_guard_failures`)
+    #: last compiled (:func:`guard_failures`)
     guard_marks: dict[Any, int] = field(default_factory=dict, repr=False)
     warned_recompiles: bool = False
     #: a forward the model had set on itself (``model.forward = ...``), which ``eager`` runs:
@@ -638,7 +643,7 @@ def _warn_if_checkpointing(module: nn.Module, state: CheckmateState, captured: b
         "the pieces of the step around them, the pieces together may exceed the budget, and every layer "
         f"is recomputed besides what the plan recomputes. {_CHECKPOINTING_OFF}",
         BudgetWarning,
-        stacklevel=_caller_level(),
+        stacklevel=caller_level(),
     )
 
 
@@ -675,7 +680,7 @@ def _warn_if_backpropagated(module: nn.Module, state: CheckmateState, out: Any) 
                 "bound. To train with dropout off or BatchNorm statistics frozen, call eval() on "
                 "those submodules and keep the model in train(); to evaluate, use torch.no_grad()",
                 UnplannedWarning,
-                stacklevel=_caller_level(),
+                stacklevel=caller_level(),
             )
 
     first.register_hook(hook)
@@ -857,11 +862,16 @@ def _training_call(
         # the call compiled: inputs, or values the step reads, that take a new value at every
         # call compile at each
         if new_signature and not state.warned_numbers:
-            _warn_if_numbers_vary(state, key, args, kwargs)
+            warn_if_numbers_vary(state, key, args, kwargs)
         if new_signature and not state.warned_shapes:
-            _warn_if_shapes_vary(state, key, args, kwargs)
+            warn_if_shapes_vary(state, key, args, kwargs)
         if not state.warned_recompiles:
-            _warn_if_recompiled(state, time.perf_counter() - start, again=not (new_signature or replanned))
+            warn_if_recompiled(
+                state,
+                time.perf_counter() - start,
+                again=not (new_signature or replanned),
+                limit=RECOMPILE_LIMIT,
+            )
         if not state.warned_checkpointing:
             _warn_if_checkpointing(self, state, captured=state.planner.checkpointed > checkpointed)
     ran = Counter(state.planner.ran)
@@ -970,7 +980,7 @@ def _training_call(
             "with a backward (Dynamo ran the forward eagerly), so training steps run eagerly with no "
             f"memory bound. {why}",
             UnplannedWarning,
-            stacklevel=_caller_level(),
+            stacklevel=caller_level(),
         )
     return out
 
@@ -1061,7 +1071,7 @@ def _skipped(self: nn.Module, state: CheckmateState, key: tuple[Any, ...], out: 
     warnings.warn(
         f"a training step of {type(self).__name__} ran unplanned, with no memory bound: {what}. {then}",
         UnplannedWarning,
-        stacklevel=_caller_level(),
+        stacklevel=caller_level(),
     )
 
 
@@ -1143,7 +1153,7 @@ def _check_uncaptured(
         "(TORCH_LOGS=graph_breaks lists what Dynamo could not trace), or leave that much memory spare "
         "beside the budget",
         UnplannedWarning,
-        stacklevel=_caller_level(),
+        stacklevel=caller_level(),
     )
 
 
@@ -1185,228 +1195,6 @@ def _all_zeros(grads: Iterable[torch.Tensor | None]) -> bool:
             return False
         held = True
     return held
-
-
-#: values of a Python number among a module's inputs, at the same tensor shapes, from which
-#: :func:`_warn_if_numbers_vary` warns: each compiled the step and planned it again
-NUMBER_VALUES = 4
-
-
-def _warn_if_numbers_vary(
-    state: CheckmateState, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> None:
-    """Once, an :class:`OverheadWarning` when a Python number (not a bool) among the module's
-    inputs took :data:`NUMBER_VALUES` values at the same tensor shapes, each compiling the step
-    (a step counter, a temperature, a schedule's rate; a number the forward does not read
-    compiles nothing: Dynamo does not guard on it). Called after a new input signature's call
-    made plans.
-
-    The step is compiled with static shapes (``dynamic=False``), so Dynamo specializes every
-    Python number: each value traces, profiles and plans the step again. A forward given
-    ``step`` and ``temperature`` as Python numbers (an MLP, every call a new value) was
-    compiled and planned at each of 25 calls, unwarned, up to the recompile limit checkmate
-    sets (1,024), where the step raises."""
-    scalars = [i for i, part in enumerate(key) if type(part) in (int, float, bool)]
-    if not any(type(key[i]) is not bool for i in scalars):
-        return
-    masked = tuple(bool if i in scalars else part for i, part in enumerate(key))  # the tensors' part
-    seen = state.numbers.setdefault(masked, set())
-    seen.add(tuple(key[i] for i in scalars))
-    varied = [
-        i
-        for k, i in enumerate(scalars)
-        if type(key[i]) is not bool and len({values[k] for values in seen}) >= NUMBER_VALUES
-    ]
-    if not varied:
-        return
-    state.warned_numbers = True
-    params = _positional_names(state)
-    names = ", ".join(_input_name(args, kwargs, i - 1, params) for i in varied)  # key[0]: the pytree spec
-    warnings.warn(
-        f"a Python number among the module's inputs ({names}) took {NUMBER_VALUES} values at the same "
-        "tensor shapes: checkmate compiles the step with static shapes, so each value traced, profiled and "
-        "planned it again. Pass it as a tensor (torch.tensor(value)), or keep it out of the forward's "
-        "arguments",
-        OverheadWarning,
-        stacklevel=_caller_level(),
-    )
-
-
-#: input shapes of one input signature (its tensors' sizes aside), each planned, from which
-#: :func:`_warn_if_shapes_vary` warns
-SHAPES_PLANNED = 8
-
-
-def _is_tensor_part(part: Any) -> bool:
-    """Whether ``part`` of an input signature (:func:`_inputs_signature`) is a tensor's."""
-    return type(part) is tuple and len(part) == 4 and isinstance(part[1], torch.dtype)
-
-
-def _warn_if_shapes_vary(
-    state: CheckmateState, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> None:
-    """Once, an :class:`OverheadWarning` when the step was planned at
-    :data:`SHAPES_PLANNED` input shapes of one signature (the same inputs, dtypes and ranks),
-    naming the dimensions that varied and the seconds planning took. Called after a new
-    input signature's call made plans.
-
-    The step is compiled with static shapes, so each new shape traces, profiles and plans it
-    again: a sequence length that varies from batch to batch (dynamic padding), or a count of
-    boxes, is a compile and a plan per value (a Llama of 12 layers: 17.5 s each). Two or
-    three shapes (a short last batch, a few buckets) are what a fraction budget and the plan
-    cache are for, and are not warned of."""
-    tensors = [i for i, part in enumerate(key) if _is_tensor_part(part)]
-    if not tensors:
-        return
-    family = tuple(
-        (len(part[0]), *part[1:]) if i in tensors else (type(part) if type(part) in (int, float) else part)
-        for i, part in enumerate(key)
-    )
-    seen = state.shapes.setdefault(family, set())
-    seen.add(tuple(key[i][0] for i in tensors))
-    if len(seen) < SHAPES_PLANNED:
-        return
-    state.warned_shapes = True
-    params = _positional_names(state)
-    varied = []
-    for k, i in enumerate(tensors):
-        for d in range(family[i][0]):
-            sizes = sorted({shapes[k][d] for shapes in seen})
-            if len(sizes) > 1:
-                name = _input_name(args, kwargs, i - 1, params)  # key[0]: the pytree spec
-                varied.append(f"{name} dimension {d}: {len(sizes)} sizes, {sizes[0]} to {sizes[-1]}")
-    records = state.planner.records
-    seconds = sum(r.seconds for r in records)
-    anew = sum(r.reused_from is None for r in records)
-    warnings.warn(
-        f"the step was compiled and planned at {len(seen)} input shapes ({'; '.join(varied)}): "
-        f"{seconds:.1f} s of tracing, profiling and planning in all ({anew} of its {len(records)} graphs "
-        "planned anew, the others fitted with an earlier plan). checkmate compiles the step with static "
-        "shapes, as torch.compile(dynamic=False) does, so each new shape is traced, profiled and planned "
-        "again; plans are cached on disk for the next run. Pad the inputs to a few sizes: a tokenizer's "
-        "pad_to_multiple_of=64, batches bucketed by length, drop_last=True for a short last batch",
-        OverheadWarning,
-        stacklevel=_caller_level(),
-    )
-
-
-#: calls of a known input signature that compiled the step again, from which
-#: :func:`_warn_if_recompiled` warns (as Dynamo's own recompile limit, which checkmate raises)
-RECOMPILES_PLANNED = 8
-
-
-def _guard_failures() -> dict[Any, list[str]]:
-    """Dynamo's record of why a compiled frame's guards failed: code object -> reasons, each
-    ``"<compile id>: <guard>"`` (``torch._dynamo.utils.guard_failures``; empty where a torch
-    release has no such record)."""
-    return getattr(torch._dynamo.utils, "guard_failures", {})
-
-
-def _warn_if_recompiled(state: CheckmateState, seconds: float, *, again: bool) -> None:
-    """Once, an :class:`OverheadWarning` when :data:`RECOMPILES_PLANNED` calls of input
-    signatures compiled before (``again``) compiled graphs of the step again, giving the guards
-    Dynamo found failed. Called after a call that made plans, which took ``seconds``.
-
-    The inputs kept their sizes, yet something the step reads changed: a Python number kept
-    on the module or a global (a step counter: Dynamo specializes integer attributes), or,
-    after a graph break, a size that depends on tensor values (``x[mask]``, ``nonzero``).
-    Each value compiles and plans the step again (seconds to a minute a graph), unwarned, until
-    the compile limit raises. A parameter frozen or unfrozen compiles the step again too, and
-    is not counted: the step trains other parameters, and needs a plan of its own."""
-    failures = _guard_failures()
-    if again:
-        # the forward's code is shared by every instance of its class: guards of other
-        # modules' compiles (torch.compile'd, or optimized apart) fail at its calls too
-        ours = state.planner.compile_ids
-        new = [
-            _guard_reason(code, reason)
-            for code, reasons in failures.items()
-            for reason in reasons[state.guard_marks.get(code, 0) :]
-            if (of := _compile_of(reason)) is None or of in ours
-        ]
-        # a parameter frozen or unfrozen (gradual unfreezing, a layer per epoch) changes what
-        # the step trains: a plan of its own each time, not a value to keep in a tensor
-        wanted = [text for text in new if "requires_grad" not in text]
-        if wanted or not new:
-            for text in wanted:
-                state.recompile_reasons[re.sub(r"\d+", "N", text)] = text
-            state.recompiles += 1
-            state.recompile_seconds += seconds
-    state.guard_marks = {code: len(reasons) for code, reasons in failures.items()}
-    if state.recompiles < RECOMPILES_PLANNED:
-        return
-    state.warned_recompiles = True
-    reasons = list(state.recompile_reasons.values())[-3:]
-    why = f" (Dynamo's guards that failed: {'; '.join(reasons)})" if reasons else ""
-    # a list of metrics the forward appends to: its length is guarded, new at every call
-    grows = (
-        " A list or dict the forward appends to or fills (metrics collected in it) has its length guarded, "
-        "and it grows at every call: collect them outside the optimized forward, or in a tensor updated in "
-        "place."
-        if any(text.startswith("len(") for text in reasons)
-        else ""
-    )
-    warnings.warn(
-        f"the step was compiled and planned again at {state.recompiles} calls whose inputs kept their "
-        f"types and sizes{why}: {state.recompile_seconds:.1f} s in those calls, compiling and planning. "
-        f"Something the step reads changed.{grows} A Python number kept on the module or in a global (a step "
-        "counter, a schedule's factor) is specialized, as under torch.compile(dynamic=False): keep it in "
-        "a tensor (a buffer updated in place) or pass it as one. A size that depends on tensor values "
-        "(boolean-mask indexing x[mask], nonzero, unique) ends a graph, and the graph after it is "
-        "compiled at each new size: compute on every position and mask the result instead "
-        "(cross_entropy's ignore_index), or pad the selection to a fixed size. After "
-        f"{RECOMPILE_LIMIT} compiles the call raises",
-        OverheadWarning,
-        stacklevel=_caller_level(),
-    )
-
-
-def _compile_of(reason: str) -> str | None:
-    """The id of the compile (``"3/1"``) a guard-failure reason of Dynamo's names first; None
-    where it names none."""
-    match = re.match(r"\[?(!?[\d/]+)\]?:", reason)
-    return match[1] if match else None
-
-
-def _guard_reason(code: Any, reason: str) -> str:
-    """One of Dynamo's guard-failure reasons for ``code``, short: its compile id and stack
-    trace left out, and, for the code Dynamo resumes at after a graph break
-    (``torch_dynamo_resume_in_forward_at_12``), where that break is."""
-    text = " ".join(reason.split("\nUser stack trace")[0].split())
-    text = re.sub(r"^\[?\d+/\d+\]?:\s*", "", text).split(" (HINT:")[0]
-    if "#" in text:  # "<guard> # <source line> # <file>:<line> in <function>"
-        parts = [part.strip() for part in text.split("#")]
-        text = f"{parts[0]} ({os.path.basename(parts[-1])})" if parts[-1] else parts[0]
-    where = re.fullmatch(r"torch_dynamo_resume_in_(.+)_at_(\d+)", getattr(code, "co_name", ""))
-    if where:
-        name = os.path.basename(getattr(code, "co_filename", "?"))
-        text += f", in the graph after the graph break in {where[1]} at {name}:{where[2]}"
-    return text[:300]
-
-
-def _positional_names(state: CheckmateState) -> list[str]:
-    """The names of the original forward's positional parameters, for :func:`_input_name`
-    (none for a builtin or C forward: inputs are then named by position)."""
-    try:
-        return [
-            p.name
-            for p in inspect.signature(state.eager).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-    except (TypeError, ValueError):
-        return []
-
-
-def _input_name(args: tuple[Any, ...], kwargs: dict[str, Any], leaf: int, params: list[str]) -> str:
-    """The input that holds the ``leaf``-th leaf of ``(args, kwargs)``, by the forward's
-    positional parameters ``params`` where they name it: ``step``, ``config['rate']``,
-    ``argument 3``."""
-    path = torch.utils._pytree.tree_flatten_with_path((args, kwargs))[0][leaf][0]
-    rest = torch.utils._pytree.keystr(path[2:])
-    if getattr(path[0], "idx", None) == 0:
-        idx = getattr(path[1], "idx", -1)
-        return f"{params[idx] if 0 <= idx < len(params) else f'argument {idx}'}{rest}"
-    return f"{getattr(path[1], 'key', '?')}{rest}"
 
 
 def _submodule_name(module: nn.Module, name: str) -> str:
@@ -1481,25 +1269,6 @@ def _backward_hooked(module: nn.Module) -> str | None:
         if sub._backward_hooks or sub._backward_pre_hooks:
             return _submodule_name(module, name)
     return None
-
-
-def _caller_level() -> int:
-    """The ``stacklevel`` at which a warning issued by this function's caller names the line
-    that called the model: the first frame outside checkmate, ``torch.nn`` and Dynamo's
-    wrappers (their depth differs between torch releases)."""
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-_INTERNAL = (
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,
-    os.path.dirname(os.path.abspath(nn.__file__)) + os.sep,
-    os.path.dirname(os.path.abspath(torch._dynamo.__file__)) + os.sep,
-    os.path.dirname(os.path.abspath(torch.optim.__file__)) + os.sep,  # a warning at the optimizer step
-    os.path.dirname(os.path.abspath(torch.autograd.__file__)) + os.sep,  # one from a backward hook
-)
 
 
 def _compile_step(forward: Callable[..., Any], planner: Planner, fullgraph: bool) -> Callable[..., Any]:
@@ -1603,7 +1372,7 @@ def _warn_unmeasured(module: nn.Module, state: CheckmateState, out: Any) -> None
         "plan leaves where it can, and a loss may hold more). Compute the loss inside the optimized module's "
         "forward (it is then planned with the step), or leave that much of the budget free",
         BudgetWarning,
-        stacklevel=_caller_level(),
+        stacklevel=caller_level(),
     )
 
 
@@ -1698,7 +1467,7 @@ def _profiled(state: CheckmateState, key: tuple[Any, ...]) -> None:
         "Run some steps outside the profiler, or profile with a schedule "
         "(torch.profiler.schedule): steps outside its warmup and active steps are measured",
         BudgetWarning,
-        stacklevel=_caller_level(),
+        stacklevel=caller_level(),
     )
 
 
@@ -1786,11 +1555,11 @@ def _judge_window(
         message, state.planner.overrun_warning = state.planner.overrun_warning, None
         if message:
             state.warned_first = True
-            warnings.warn(message, BudgetWarning, stacklevel=_caller_level())
+            warnings.warn(message, BudgetWarning, stacklevel=caller_level())
         return
     if verdict is not None and not state.warned_outside:
         state.warned_outside = state.warned_first = True
-        warnings.warn(verdict, BudgetWarning, stacklevel=_caller_level())
+        warnings.warn(verdict, BudgetWarning, stacklevel=caller_level())
     _measure_paths(state, key)
 
 
@@ -1832,7 +1601,7 @@ def _measure_paths(state: CheckmateState, key: tuple[Any, ...]) -> None:
             "the budget. Set the model's layer dropping to 0 (Hugging Face: layerdrop) or leave room in the "
             "budget",
             BudgetWarning,
-            stacklevel=_caller_level(),
+            stacklevel=caller_level(),
         )
 
 
@@ -1903,7 +1672,7 @@ def _warn_first_micro_batches(state: CheckmateState) -> None:
         "they could have been freed before the backward (zero_grad between the forward and the backward). "
         "From the next call on, each graph is planned beside them",
         BudgetWarning,
-        stacklevel=_caller_level(),
+        stacklevel=caller_level(),
     )
 
 
@@ -1951,7 +1720,7 @@ def _backward_reached(
                 "differentiated again under `with checkmate.disabled(model):` (the original forward, with "
                 "no memory bound)",
                 UnplannedWarning,
-                stacklevel=_caller_level(),
+                stacklevel=caller_level(),
             )
 
 
@@ -1986,7 +1755,7 @@ def _check_reentry(module: nn.Module, state: CheckmateState) -> None:
             "model once on the inputs concatenated, or, for micro-batches, run each one's backward "
             "before the next call (gradients accumulate)",
             BudgetWarning,
-            stacklevel=_caller_level(),
+            stacklevel=caller_level(),
         )
 
 
@@ -2020,7 +1789,7 @@ def _warn_if_zeroed_late(state: CheckmateState, before: int) -> None:
         f"recompute more ({max(r.overhead for r in fresh):+.1%} of the step's compute). {LATE_ZERO_ADVICE} "
         "to give the plans that room",
         OverheadWarning,
-        stacklevel=_caller_level(),
+        stacklevel=caller_level(),
     )
 
 
@@ -2029,7 +1798,7 @@ def _warn_calls(state: CheckmateState) -> None:
     the module called again before earlier calls' backward; no plan of a graph fits beside its
     runs); at the line that called it."""
     for message in state.planner.take_warnings():
-        warnings.warn(message, BudgetWarning, stacklevel=_caller_level())
+        warnings.warn(message, BudgetWarning, stacklevel=caller_level())
 
 
 def _recompile_limit_hit() -> bool:

@@ -215,8 +215,8 @@ class OverheadWarning(UserWarning):
     close to the least the graph runs in, where the cost of each byte saved climbs steeply (a Hugging
     Face MPNet's graph under ``compiler="inductor"``: +1,017% at 3.78 MiB, +38% at 4.06 MiB).
     Or a Python number among a module's inputs changes from call to call, and each value compiles
-    and plans the step again (:func:`checkmate.api._warn_if_numbers_vary`), or its inputs' shapes
-    do (:func:`checkmate.api._warn_if_shapes_vary`). The budget holds; the step is slow."""
+    and plans the step again (:func:`checkmate.recompiles.warn_if_numbers_vary`), or its inputs' shapes
+    do (:func:`checkmate.recompiles.warn_if_shapes_vary`). The budget holds; the step is slow."""
 
 
 #: a plan whose compute is more than this over its graph's, without recomputation, warns

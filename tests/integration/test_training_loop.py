@@ -428,7 +428,7 @@ def test_inputs_whose_sizes_change_from_batch_to_batch_warn_once_naming_the_dime
     # calls); a few buckets and a short last batch, repeated, are planned once each, unwarned
     import warnings
 
-    from checkmate.api import SHAPES_PLANNED
+    from checkmate.recompiles import SHAPES_PLANNED
 
     opt = checkmate.optimize(_Tagger(), 1.0)
     g = torch.Generator().manual_seed(0)
@@ -515,7 +515,7 @@ def test_a_step_compiled_again_at_the_same_input_sizes_warns_once_naming_the_gua
     # compile limit raised after 1,024 calls
     import warnings
 
-    from checkmate.api import RECOMPILES_PLANNED
+    from checkmate.recompiles import RECOMPILES_PLANNED
 
     torch.manual_seed(0)
     opt = checkmate.optimize(make(), "1GiB")  # bytes: the step runs compiled, planned or not
@@ -551,7 +551,7 @@ def test_gradual_unfreezing_compiles_again_unwarned(others: bool) -> None:
     # recompiles (counted, they warned at the 8th layer)
     import warnings
 
-    from checkmate.api import RECOMPILES_PLANNED
+    from checkmate.recompiles import RECOMPILES_PLANNED
 
     if others:
         for width in (16, 24):
