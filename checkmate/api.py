@@ -235,7 +235,7 @@ class CheckmateState:
     recompile_seconds: float = 0.0
     recompile_reasons: dict[str, str] = field(default_factory=dict, repr=False)
     #: the number of guard failures Dynamo had recorded for each code object when the module
-    #: last compiled (:func:`guard_failures`)
+    #: last compiled (:func:`checkmate.recompiles.guard_failures`)
     guard_marks: dict[Any, int] = field(default_factory=dict, repr=False)
     warned_recompiles: bool = False
     #: a forward the model had set on itself (``model.forward = ...``), which ``eager`` runs:
