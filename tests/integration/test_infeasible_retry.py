@@ -247,12 +247,6 @@ def test_an_infeasible_byte_budget_names_the_budget_that_fits_in_the_users_terms
     assert checkmate.plans_of(again)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known defect, intermittent: after the step measured whole (0.55x the budget), the module is "
-    "compiled again with the room it measured and its later steps can run 1.11x the budget (2 runs of 3 on "
-    "this 2-core machine, the same on the code before this change); to be fixed, not hidden",
-)
 def test_an_infeasible_byte_budget_with_a_loss_outside_names_the_budget_with_room_for_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
