@@ -138,6 +138,9 @@ class CheckmateState:
             opened: another one inside the window (each block of a model optimized apart)
             makes the measurement no measure of this module's step.
         stepped: input signatures whose step was measured whole (byte budgets).
+        step_calls: input signature -> its calls since its step was first measured whole,
+            which measure it again at :func:`_due_again`'s counts.
+        again: input signatures whose next step is measured again (:func:`_due_again`).
         window_path: how many times each graph's forward ran in a call of the step
             ``window`` measures (:attr:`~checkmate.runtime.Planner.ran`; the most of its calls).
         measured_paths: input signature -> ``window_path`` of each of its steps measured
@@ -171,6 +174,8 @@ class CheckmateState:
     window_key: tuple[Any, ...] | None = None
     window_calls: int = 0
     stepped: set[tuple[Any, ...]] = field(default_factory=set)
+    step_calls: Counter[tuple[Any, ...]] = field(default_factory=Counter, repr=False)
+    again: set[tuple[Any, ...]] = field(default_factory=set, repr=False)
     window_path: Counter[int] = field(default_factory=Counter, repr=False)
     measured_paths: dict[tuple[Any, ...], list[Counter[int]]] = field(default_factory=dict, repr=False)
     uncovered: dict[tuple[Any, ...], Counter[int]] = field(default_factory=dict, repr=False)
@@ -792,6 +797,16 @@ def _training_call(
         state.global_hooks = hooks
     if state.planner.unobserved:  # graphs that fit together where the loop drops what they hand on
         state.planner.judge_split()
+    if (
+        key in state.stepped
+        and not again
+        and key not in state.unmeasurable
+        and state.planner.budget.nbytes is not None
+    ):
+        state.step_calls[key] += 1
+        if _due_again(state.step_calls[key]):
+            state.stepped.discard(key)  # measured again: what runs outside the module may have changed
+            state.again.add(key)
     replanned = state.recompile or state.planner.recompile  # compiled again by checkmate: not counted
     if replanned:
         # a step measured whole exceeded the budget (room for what is outside), or a backward
@@ -823,8 +838,11 @@ def _training_call(
         else:
             state.window = open_window(device)
             state.window_calls = _CALLS[0]
-            if state.window is None and users_profiler():
+            if state.window is None and key in state.again:
+                state.stepped.add(key)  # measured again at its next count, not under a profiler of the user's
+            elif state.window is None and users_profiler():
                 _profiled(state, key)
+            state.again.discard(key)
             if state.window is not None:
                 state.profiled.pop(key, None)
                 state.window.grads_held = grads_held
@@ -1300,6 +1318,8 @@ def _compile_again(state: CheckmateState) -> None:
     # within the budget, planned again after a longer one's step was measured over it, measured
     # 1.16x the budget at every later call, silently
     state.stepped.clear()
+    state.step_calls.clear()
+    state.planner.fitted.clear()  # the plans measured within the budget are gone
     state.measured_paths.clear()  # of the plans compiled before
     state.uncovered.clear()
     state.path_tries.clear()
@@ -1561,6 +1581,24 @@ def _judge_window(
         state.warned_outside = state.warned_first = True
         warnings.warn(verdict, BudgetWarning, stacklevel=caller_level())
     _measure_paths(state, key)
+
+
+#: a step of input sizes measured whole is measured again at its ``2**k``-th call from this one,
+#: then every :data:`REMEASURE_EVERY` calls (:func:`_due_again`)
+REMEASURE_FROM = 64
+REMEASURE_EVERY = 1024
+
+
+def _due_again(calls: int) -> bool:
+    """Whether a step of input sizes measured whole is measured again at its ``calls``-th
+    call since: what runs outside the module can change after the first measure (an
+    auxiliary loss switched on after a warm-up, a regularizer computed every so many steps),
+    and a budget that held then would stop holding, silently. A measure costs a synchronize
+    on CUDA and one profiled step on the CPU, so they thin out: at powers of two from
+    :data:`REMEASURE_FROM`, then every :data:`REMEASURE_EVERY` calls."""
+    if calls < REMEASURE_FROM:
+        return False
+    return calls & (calls - 1) == 0 or calls % REMEASURE_EVERY == 0
 
 
 #: how many steps of an input signature may be measured whole, once a step of it ran its graphs

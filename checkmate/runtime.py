@@ -373,6 +373,9 @@ class Planner:
             the module (:func:`_loss_room`), until :meth:`check_step` measures what is held.
         given_back: step signatures planned again with less room than guessed, as measured:
             measured over the budget after, they are planned again once more.
+        fitted: step signatures measured whole within the budget since they were compiled:
+            measured over it again later (what runs outside the module changed: an auxiliary
+            loss switched on after a warm-up), they are planned again with room for the excess.
         compile_ids: Dynamo's ids of the compiles that called this planner's backend
             (``"3/1"``): its guard failures name the compile whose guards failed, and the
             forward's code, shared by every instance of a module class, has others' too.
@@ -498,6 +501,7 @@ class Planner:
     breaks: dict[object, tuple[str, ...]] = field(default_factory=dict, repr=False)
     runs_unfit: set[object] = field(default_factory=set, repr=False)
     given_back: set[object] = field(default_factory=set, repr=False)
+    fitted: set[object] = field(default_factory=set, repr=False)
     retained: dict[object, int] = field(default_factory=dict, repr=False)
     compile_ids: set[str] = field(default_factory=set, repr=False)
     backends: list[Callable[..., Any]] = field(default_factory=list, repr=False)
@@ -2100,6 +2104,8 @@ class Planner:
                 self._forget_plans(step)
                 return "replan"
         if asked is None or peak <= STEP_SLACK * asked:
+            if asked is not None:
+                self.fitted.add(step)
             log.info(
                 "the training step measured %s of its budget of %s%s",
                 format_bytes(peak),
@@ -2188,7 +2194,12 @@ class Planner:
                     "the first call)"
                 ),
             )
-        if step not in self.outside or step in self.given_back:
+        # measured within the budget before, over it now: what runs outside the module grew since
+        # (a loss switched from a mean of the logits to a cross-entropy with a z-loss ran a
+        # language model at 1.49x its budget from then on, unwarned: its step was measured once)
+        grew = step in self.fitted
+        self.fitted.discard(step)
+        if step not in self.outside or step in self.given_back or grew:
             self.given_back.discard(step)
             if apart is not None and boundary is not None and self.calls == 1:
                 # measured apart: what was held beside the module while it ran is room beside the
@@ -2208,12 +2219,19 @@ class Planner:
                 format_bytes(asked),
                 format_bytes(beyond),
             )
+            if grew:
+                self.warned_overrun = False  # a change in the loop, after the step fitted: said again
             self._overran(
                 peak,
                 asked,
                 of,
                 f"about {format_bytes(beyond)} is held outside the module between its forward and backward "
-                f"({what}), more than its plans left room for",
+                f"({what}), more than its plans left room for"
+                + (
+                    ", and more than when a step of these input sizes was measured within the budget"
+                    if grew
+                    else ""
+                ),
                 "with room for it",
                 advice=advice,
             )

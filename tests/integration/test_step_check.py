@@ -660,6 +660,63 @@ def test_room_given_back_where_no_plan_leaves_it_at_the_boundary_is_left_beside_
     assert all(p <= STEP_SLACK * budget for p in peaks), [p / budget for p in peaks]
 
 
+def test_steps_measured_again_thin_out() -> None:
+    # at powers of two from REMEASURE_FROM, then every REMEASURE_EVERY calls: a few measures
+    # early, where loops change (a warm-up ends), and one per thousand steps after
+    from checkmate.api import REMEASURE_EVERY, REMEASURE_FROM, _due_again
+
+    due = [n for n in range(1, 3 * REMEASURE_EVERY + 1) if _due_again(n)]
+    doublings = (REMEASURE_EVERY // REMEASURE_FROM).bit_length()
+    assert due[:doublings] == [REMEASURE_FROM << k for k in range(doublings)]
+    assert due[doublings - 1 :] == [REMEASURE_EVERY, 2 * REMEASURE_EVERY, 3 * REMEASURE_EVERY]
+
+
+def test_a_step_measured_within_the_budget_is_measured_again_and_planned_for_a_loss_that_grew(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a loop whose loss outside the module changes after a warm-up (a mean of the logits, then a
+    # cross-entropy with label smoothing and a z-loss: 16 MiB held between the forward and the
+    # backward). Its step was measured once, within the budget, and from the change on it ran at
+    # 1.22x the budget, unwarned. Measured again (at the 4th call, 8th, ... here), the step over
+    # it is warned of and compiled again with room for the loss, and the steps after fit
+    import checkmate.api
+
+    monkeypatch.setenv("CHECKMATE_CACHE", "0")
+    monkeypatch.setattr(checkmate.api, "REMEASURE_FROM", 4)
+    torch.manual_seed(0)
+    base = TinyTransformer(2048, 64, 2)
+    x = torch.randint(0, 2048, (8, 64))
+
+    def light(m: Any) -> None:
+        m(x).float().mean().backward()
+
+    def heavy(m: Any) -> None:
+        logits = m(x).flatten(0, 1)
+        z = torch.logsumexp(logits, -1).pow(2).mean()
+        (nn.functional.cross_entropy(logits, x.flatten(), label_smoothing=0.1) + 1e-4 * z).backward()
+
+    eager = copy.deepcopy(base)
+    light(eager)
+    eager.zero_grad(set_to_none=True)
+    budget = int(0.85 * measure_peak(lambda: heavy(eager)))
+    opt = checkmate.optimize(base, budget, time_limit=4)
+    sgd = torch.optim.SGD(opt.parameters(), lr=0.0)
+    peaks = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(12):
+            loss = light if i < 6 else heavy
+            peaks.append(measure_peak(lambda loss=loss: loss(opt)))
+            sgd.step()
+            sgd.zero_grad()
+    said = [str(w.message) for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
+    print(f"budget {budget:,}; measured {[round(p / budget, 3) for p in peaks]}x; {said}")
+    assert all(p <= STEP_SLACK * budget for p in peaks[:6]), "the light loss's steps: nothing to test"
+    assert max(peaks[6:]) > STEP_SLACK * budget, "the heavy loss fitted the first plans: nothing to test"
+    assert len(said) == 1 and "measured within the budget" in said[0], said
+    assert all(p <= STEP_SLACK * budget for p in peaks[-3:]), [p / budget for p in peaks]
+
+
 @pytest.fixture
 def fresh_dynamo() -> Any:
     """Dynamo's caches reset around the test: the blocks' forward is one code object across
