@@ -1586,7 +1586,7 @@ def _judge_window(
 #: a step of input sizes measured whole is measured again at its ``2**k``-th call from this one,
 #: then every :data:`REMEASURE_EVERY` calls (:func:`_due_again`)
 REMEASURE_FROM = 64
-REMEASURE_EVERY = 1024
+REMEASURE_EVERY = 256
 
 
 def _due_again(calls: int) -> bool:

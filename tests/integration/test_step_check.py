@@ -662,7 +662,7 @@ def test_room_given_back_where_no_plan_leaves_it_at_the_boundary_is_left_beside_
 
 def test_steps_measured_again_thin_out() -> None:
     # at powers of two from REMEASURE_FROM, then every REMEASURE_EVERY calls: a few measures
-    # early, where loops change (a warm-up ends), and one per thousand steps after
+    # early, where loops change (a warm-up ends), and one per REMEASURE_EVERY steps after
     from checkmate.api import REMEASURE_EVERY, REMEASURE_FROM, _due_again
 
     due = [n for n in range(1, 3 * REMEASURE_EVERY + 1) if _due_again(n)]
