@@ -1,4 +1,4 @@
-"""The training step measured whole, once per input signature, under a byte budget.
+"""The training step measured whole, per input signature, under a byte budget.
 
 A plan bounds the optimized module's forward and backward. Code outside the module holds
 memory between the two: a loss computed on the module's outputs keeps their float copy, a
@@ -29,7 +29,11 @@ after the block is measured at a later call. Inside a profiler the user started
 (``torch.profiler``), whose events only its owner reads, the step is not measured: with a
 ``schedule``, at a step outside its warmup and active steps. A step over the budget has the
 module planned again with the excess as room (:mod:`checkmate.api`), and warns when that
-does not fit either.
+does not fit either. A signature measured within the budget is measured again at its 64th,
+128th and 256th calls, then every 256 (:func:`checkmate.api._due_again`): what runs outside
+the module can grow after its first measure (an auxiliary loss switched on after a warm-up,
+which ran a language model at 1.22x its budget from then on, unwarned, while each signature
+was measured once).
 """
 
 from __future__ import annotations
