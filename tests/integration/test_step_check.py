@@ -671,6 +671,52 @@ def test_steps_measured_again_thin_out() -> None:
     assert due[doublings - 1 :] == [REMEASURE_EVERY, 2 * REMEASURE_EVERY, 3 * REMEASURE_EVERY]
 
 
+def test_a_step_due_to_be_measured_again_inside_a_profiler_of_the_users_waits_without_a_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a loop that profiles a stretch of steps after the first measure (torch.profiler around
+    # steps 4-40): the measures due in it (at calls 4, 8, 16 and 32 here) are skipped to their
+    # next count, not taken for steps no profiler-free call measures, which warn after 16 calls
+    import checkmate.api
+    from checkmate.runtime import Planner
+
+    measured: list[int] = []
+    check_step = Planner.check_step
+
+    def spy(self: Planner, step: object, peak: int, *rest: Any, **kwargs: Any) -> str | None:
+        measured.append(peak)
+        return check_step(self, step, peak, *rest, **kwargs)
+
+    monkeypatch.setattr(Planner, "check_step", spy)
+    monkeypatch.setattr(checkmate.api, "REMEASURE_FROM", 4)
+    x, y, model, _, opt = _optimized(1024, 0.8)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+    state = opt.__dict__["_checkmate_state"]
+
+    def step() -> None:
+        _step(opt, x, y)
+        sgd.step()
+        sgd.zero_grad()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", checkmate.BudgetWarning)
+        for _ in range(3):
+            step()
+        key = next(iter(state.planner.latest))
+        assert key in state.stepped and state.planner.records, (
+            "the first measure did not come: nothing to test"
+        )
+        before = len(measured)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            for _ in range(checkmate.api._PROFILED_CALLS + 21):
+                step()
+        assert len(measured) == before and key in state.stepped and not state.again and not state.profiled
+        while not checkmate.api._due_again(state.step_calls[key] + 1):
+            step()
+        step()  # due: measured, outside the profiler
+    assert len(measured) == before + 1 and key in state.stepped and state.planner.fitted == {key}
+
+
 def test_a_step_measured_within_the_budget_is_measured_again_and_planned_for_a_loss_that_grew(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
