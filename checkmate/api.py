@@ -1319,6 +1319,7 @@ def _compile_again(state: CheckmateState) -> None:
     # 1.16x the budget at every later call, silently
     state.stepped.clear()
     state.step_calls.clear()
+    state.again.clear()  # left, a first measure under a profiler of the user's was skipped as a measure again
     state.planner.fitted.clear()  # the plans measured within the budget are gone
     state.measured_paths.clear()  # of the plans compiled before
     state.uncovered.clear()
