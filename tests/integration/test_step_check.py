@@ -10,6 +10,7 @@ import copy
 import functools
 import re
 import warnings
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,8 +22,9 @@ from torch import nn  # noqa: E402
 import checkmate  # noqa: E402
 from checkmate.api import _PATH_TRIES, _PROFILED_CALLS, plans_of  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
-from checkmate.runtime import OverheadWarning  # noqa: E402
+from checkmate.runtime import OverheadWarning, _held_bytes  # noqa: E402
 from checkmate.stepcheck import STEP_SLACK  # noqa: E402
+from solvers import Graph, Schedule  # noqa: E402
 from solvers.boundary import boundary_hold  # noqa: E402
 from tests.integration._models import Logged, Skipping, TinyTransformer  # noqa: E402
 
@@ -1402,3 +1404,19 @@ def test_a_step_run_again_through_one_forward_that_no_plan_fits_is_warned_of_bef
             if step >= 2 and peak > STEP_SLACK * budget:  # the third step on: planned as measured
                 assert any("can exceed" in m or "no plan" in m for m in said), (step, peak / budget, said)
     assert said and all("compiled again" not in m for m in said[1:]), said
+
+
+def test_a_plan_is_compared_with_its_measured_step_as_it_runs_each_value_dropped_at_its_last_read() -> None:
+    # a -> b -> c -> d (d the backward's first node), a schedule freeing nothing: its simulation
+    # holds a and b at the boundary, which the generated code drops at their last reads. Held
+    # as simulated, the room measured beside a plan that keeps values so (a DTR-style one) was
+    # too small by them, and the next plan stepped at 1.12-1.22x the budget
+    nodes = [{"key": k, "name": k, "cost": 1.0, "mem": m} for k, m in (("a", 4), ("b", 2), ("c", 1))]
+    nodes.append({"key": "d", "name": "d", "cost": 1.0, "mem": 1, "backward": True})
+    graph = Graph.build(nodes, [("a", "b"), ("b", "c"), ("c", "d")], order=["a", "b", "c", "d"])
+    lazy = Schedule(tuple(("compute", i) for i in range(4)))
+    rec: Any = SimpleNamespace(
+        joint=SimpleNamespace(graph=graph), result=SimpleNamespace(schedule=lazy, peak=8)
+    )
+    assert _held_bytes(rec)[:2] == (7, 8)
+    assert _held_bytes(rec, as_run=True)[:2] == (1, 6)
