@@ -813,6 +813,17 @@ class Planner:
         guess = 0
         if self.budget.nbytes is not None and not self.outside and not self.more_follows:
             guess = _loss_room(joint, jg, self.input_shapes)
+        if (
+            self.budget.nbytes is not None
+            and not self.more_follows
+            and self.calls == 1
+            and jg.read_outside
+            and not jg.beside_loss
+        ):
+            # read by a loss outside the module: a loop computing it inline drops them before
+            # the backward. Not where the module is called again before its backward (two views
+            # of a batch): the loss reads the earlier calls' outputs after the later calls ran
+            jg = replace(jg, beside_loss=_read_outside(jg, self.input_shapes))
         if self.loop_drops and jg.beside_loss and self.budget.nbytes is not None:
             jg = drop_outputs_beside_loss(jg)  # as the loop was seen to (first_backward)
         beyond: InfeasibleBudgetError | None = None  # the graph model's verdict, overruled below
@@ -911,11 +922,12 @@ class Planner:
         if compiler != "aot" or not jg.beside_loss or self.budget.nbytes is None:
             return None
         held = sum(int(jg.graph.mem[i]) for i in jg.beside_loss)
+        what, loop = _outputs_words(jg)
         if not self.plan_dropped:
             exc.add_note(
-                f"The plan holds the outputs beside the loss ({format_bytes(held)}) until the backward ends: "
-                "an earlier step held them there. A loop that drops them before `loss.backward()` (`del outputs`, "
-                "or `loss = model(**batch).loss`) may have a plan"
+                f"The plan holds {what} ({format_bytes(held)}) until the backward ends: an earlier step held "
+                f"them there. A loop that drops them before `loss.backward()` (`del outputs`, or {loop}) may have "
+                "a plan"
             )
             return None
         keep: frozenset[tuple[tuple[int, ...], torch.dtype]] = frozenset()
@@ -923,15 +935,15 @@ class Planner:
             dropped = drop_outputs_beside_loss(jg, keep)
             if not dropped.dropped:
                 exc.add_note(
-                    "The outputs beside the loss are saved for the backward: dropping them saves nothing"
+                    f"{what[0].upper()}{what[1:]} are saved for the backward: dropping them saves nothing"
                 )
                 return None
             try:  # hedged: where it has no plan, the error raised is exc, whose search was done
                 got = self._solve_after_earlier(dropped, profile_id, hedged=True)
             except InfeasibleBudgetError:
                 exc.add_note(
-                    f"Neither does a plan dropping the outputs beside the loss ({format_bytes(held)}) when the "
-                    "backward starts, as a loop keeping only the loss does"
+                    f"Neither does a plan dropping {what} ({format_bytes(held)}) when the backward starts, as "
+                    f"a loop {loop} does"
                 )
                 return None
             assert got[0].schedule is not None
@@ -945,12 +957,14 @@ class Planner:
         self.dropped_errors[len(self.records)] = exc.with_traceback(None)
         exc.__context__ = exc.__cause__ = None
         log.info(
-            "graph %d: no plan holding the outputs beside its loss (%s) through the backward fits; planned "
-            "with them dropped when the backward starts, as a loop keeping only the loss holds them",
+            "graph %d: no plan holding %s (%s) through the backward fits; planned with them dropped when the "
+            "backward starts, as a loop %s holds them",
             len(self.records),
+            what,
             format_bytes(
                 sum(int(jg.graph.mem[i]) for i, key in jg.beside_loss.items() if key in dropped.dropped)
             ),
+            loop,
         )
         return dropped, got
 
@@ -999,9 +1013,10 @@ class Planner:
             return
         self.loop_drops = self.recompile = True
         log.info(
-            "graph %d: the loop dropped the outputs beside its loss before the backward; the step is compiled "
-            "again at its next call, each graph planned%s with them dropped",
+            "graph %d: the loop dropped %s before the backward; the step is compiled again at its next call, "
+            "each graph planned%s with them dropped",
             rec.index,
+            _outputs_words(rec.joint)[0],
             " and checked compiled" if self.compiler == "inductor" else "",
         )
 
@@ -1011,7 +1026,10 @@ class Planner:
         Where the plan's peak and those bytes exceed its budget, the step is compiled again
         at its next call (``recompile``), and the :class:`InfeasibleBudgetError` that no
         plan holding them fits is raised now, from the backward, before the backward
-        exceeds the budget (what the plan holds up to there counts the outputs)."""
+        exceeds the budget (what the plan holds up to there counts the outputs). Outputs a
+        loss outside the module reads (:attr:`JointGraph.read_outside`) have their gradients
+        made by the loss's backward before the module's starts: that step can exceed the
+        budget by up to their bytes: a loop holding them is told one step late."""
         self.plan_dropped = False
         error = self.dropped_errors.pop(rec.index, None)
         if rec.compiled is not None or error is None:  # dropped as the loop was seen to
@@ -1021,10 +1039,10 @@ class Planner:
         if peak + nbytes <= budget:
             return
         self.recompile = True
+        what, loop = _outputs_words(rec.joint)
         error.add_note(
-            f"It was planned with the outputs beside the loss dropped when the backward starts, as a loop "
-            f"keeping only the loss does (`loss = model(**batch).loss`), but this loop still held "
-            f"{format_bytes(nbytes)} of them at its backward, where the plan would exceed the budget by up to "
+            f"It was planned with {what} dropped when the backward starts, as a loop {loop} does, but this "
+            f"loop still held {format_bytes(nbytes)} of them at its backward, where the plan would exceed the budget by up to "
             f"{format_bytes(peak + nbytes - budget)}: drop them before `loss.backward()` (`del outputs`), or "
             "raise the budget"
         )
@@ -1049,15 +1067,16 @@ class Planner:
             how = f"planned (simulated peak {format_bytes(peak)})"
         if peak + nbytes <= budget:
             log.info(
-                "graph %d: the loop held %s of the outputs beside the loss at the backward; within the "
-                "budget, the step is compiled again at its next call holding them",
+                "graph %d: the loop held %s of %s at the backward; within the budget, the step is compiled "
+                "again at its next call holding them",
                 rec.index,
                 format_bytes(nbytes),
+                _outputs_words(rec.joint)[0],
             )
             return
         self.abandoned = True
         raise HeldOutputsError(
-            f"graph {rec.index} was {how} with the outputs beside its loss dropped when the backward starts, "
+            f"graph {rec.index} was {how} with {_outputs_words(rec.joint)[0]} dropped when the backward starts, "
             f"as this loop's first step dropped them, but this backward found {format_bytes(nbytes)} of them "
             f"still held, where the step could exceed the budget of {format_bytes(budget)} by up to "
             f"{format_bytes(peak + nbytes - budget)}. The backward did not run: drop the outputs before "
@@ -2842,6 +2861,26 @@ def _held_bytes(record: PlanRecord, *, as_run: bool = False) -> tuple[int, int, 
         as_run = False  # a paging plan's offloads are not among its computes
     sim = simulate(graph, schedule_from_order(graph, schedule.computes) if as_run else schedule)
     return sim.boundary, int(sim.peak), gradient_bytes(graph)
+
+
+def _read_outside(
+    jg: JointGraph, inputs: frozenset[tuple[int, ...]]
+) -> dict[int, tuple[tuple[int, ...], torch.dtype]]:
+    """The outputs of ``jg`` a loss outside the module reads (:attr:`JointGraph.read_outside`)
+    that a loop may drop before the backward starts: not those of the shape of one of the
+    call's ``inputs`` (a block's output, which the next block reads; see :func:`_loss_room`)."""
+    return {i: key for i, key in jg.read_outside.items() if key[0] not in inputs}
+
+
+def _outputs_words(jg: JointGraph) -> tuple[str, str]:
+    """How messages name the outputs a plan of ``jg`` may drop when the backward starts
+    (:attr:`JointGraph.beside_loss`), and the loop that drops them."""
+    if jg.beside_loss and set(jg.beside_loss) <= set(jg.read_outside):
+        return (
+            "the outputs the loss outside the module reads",
+            "computing the loss inline (`loss = criterion(model(x), y)`)",
+        )
+    return "the outputs beside the loss", "keeping only the loss (`loss = model(**batch).loss`)"
 
 
 def _loss_room(

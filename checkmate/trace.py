@@ -126,6 +126,11 @@ class JointGraph:
             logits) -> its size and dtype (to find it among a call's outputs). Each is read by
             the loss's gradient, so that it lives until the backward starts, and by the sink,
             as a loop holding its outputs through the backward holds them.
+        read_outside: graph id of the value of each forward output whose gradient is read, in
+            a step that returns no loss (a loss outside the module reads them: a classifier's
+            or a language model's logits) -> its size and dtype. A loop computing that loss
+            inline (``F.cross_entropy(model(x), y)``) drops them before the backward starts;
+            the planner may count them among :attr:`beside_loss` (:meth:`Planner.plan`).
         dropped: the sizes and dtypes of those outputs that :func:`drop_outputs_beside_loss`
             dropped when the backward starts, as a loop that keeps only the loss does.
         replayed: fx name of each dropout whose mask may be recomputed -> the name of the
@@ -145,6 +150,7 @@ class JointGraph:
     folded: frozenset[str] = frozenset()
     unread: frozenset[str] = frozenset()
     beside_loss: dict[int, tuple[tuple[int, ...], torch.dtype]] = field(default_factory=dict)
+    read_outside: dict[int, tuple[tuple[int, ...], torch.dtype]] = field(default_factory=dict)
     dropped: frozenset[tuple[tuple[int, ...], torch.dtype]] = frozenset()
     replayed: dict[str, str] = field(default_factory=dict)
 
@@ -158,10 +164,19 @@ def drop_outputs_beside_loss(
 ) -> JointGraph:
     """``jg`` with the outputs beside its loss (:attr:`JointGraph.beside_loss`), but those of
     a size and dtype in ``keep``, dropped when the backward starts instead of held to its
-    end: what a loop that keeps only the loss (``model(**batch).loss.backward()``) holds."""
+    end: what a loop that keeps only the loss (``model(**batch).loss.backward()``) holds.
+    Those a loss outside the module reads (:attr:`JointGraph.read_outside`) live to the
+    forward's end, read by its last node: the loss that reads them is memory outside the
+    module, at the forward/backward boundary (room guessed, then measured), and a loop
+    computing it inline lets them go with it (a cross-entropy saves its log-softmax, not its
+    input), before the backward makes their gradients."""
     drop = {i for i, key in jg.beside_loss.items() if key not in keep}
     g = jg.graph
     edges = tuple((u, v) for u, v in g.edges if not (v == g.n - 1 and u in drop))
+    last, present = g.first_backward - 1, set(edges)
+    edges += tuple(
+        (i, last) for i in sorted(drop) if i in jg.read_outside and i < last and (i, last) not in present
+    )
     graph = Graph(nodes=g.nodes, edges=edges, name=g.name, meta=g.meta)
     return replace(jg, graph=graph, dropped=frozenset(jg.beside_loss[i] for i in drop))
 
@@ -938,6 +953,16 @@ def build_graph(
     ]
     by_loss = {b: key for b, key in found.items() if b in gid} if losses else {}
     edges += [(b.name, t.name) for b in by_loss for t in losses]
+    # no loss among the outputs: those whose gradients the backward reads feed a loss outside
+    # the module, which a loop computing it inline drops before the backward starts
+    read_outside: dict[fx.Node, tuple[tuple[int, ...], torch.dtype]] = {}
+    if not losses and first_bwd is not None:
+        read = frozenset(t.name for t in tangents if t.name not in unread_by_loss)
+        read_outside = {
+            b: key
+            for b, key in _beside_loss(fwd_outputs, tangents, read, base).items()
+            if b in gid and gid[b] < gid[first_bwd]
+        }
     graph_nodes.append({"key": SINK, "name": SINK, "cost": 0.0, "mem": 0, "backward": True, "op": "output"})
     edges += [(ordered[i].name, SINK) for i in sorted(sink_reads)]
     order.append(SINK)
@@ -966,5 +991,6 @@ def build_graph(
         ),
         unread=frozenset(t.name for t in tangents if t.name in unread),
         beside_loss={final[b.name]: key for b, key in by_loss.items()},
+        read_outside={final[b.name]: key for b, key in read_outside.items()},
         replayed={call_of[o].name: state.name for o, state in replayed.items()},
     )
