@@ -969,9 +969,10 @@ class Planner:
         return dropped, got
 
     def watch_loop(self, rec: PlanRecord) -> Callable[[], Watch | None]:
-        """For a graph of the step planned holding the outputs beside its loss, what its
-        backwards watch until the loop's first (:meth:`first_backward`): those outputs, under
-        a byte budget (under Inductor, where plans are checked compiled)."""
+        """For a graph of the step planned holding the outputs beside its loss (or those a loss
+        outside the module reads: :attr:`JointGraph.read_outside`), what its backwards watch
+        until the loop's first (:meth:`first_backward`): those outputs, under a byte budget
+        (under Inductor, where plans are checked compiled)."""
         # planned dropped already (no plan held them): under Inductor it ran uncompiled, and may compile so
         keys = (
             frozenset(rec.joint.beside_loss.values())
@@ -991,7 +992,8 @@ class Planner:
     def first_backward(self, rec: PlanRecord, nbytes: int) -> None:
         """The loop's first backward through ``rec``, a graph of the step planned holding the
         outputs beside its loss, found ``nbytes`` of them still held. Where it dropped them
-        all (``loss = model(**batch).loss``, the Hugging Face ``Trainer``), a plan with them
+        all (``loss = model(**batch).loss``, the Hugging Face ``Trainer``, a loss outside the
+        module computed inline: ``loss = criterion(model(x), y)``), a plan with them
         dropped uses their room: the step is compiled again at its next call, each such
         graph planned (under Inductor, and checked compiled) so (``loop_drops``), and its
         backwards watch that the loop keeps dropping them (:meth:`held`). Only where ``rec``

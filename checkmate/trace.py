@@ -125,7 +125,9 @@ class JointGraph:
         beside_loss: graph id of the value of each of those outputs (a language model's
             logits) -> its size and dtype (to find it among a call's outputs). Each is read by
             the loss's gradient, so that it lives until the backward starts, and by the sink,
-            as a loop holding its outputs through the backward holds them.
+            as a loop holding its outputs through the backward holds them. The planner adds
+            the outputs a loss outside the module reads (:attr:`read_outside`) where it may
+            drop them: the machinery that drops and watches them is the same.
         read_outside: graph id of the value of each forward output whose gradient is read, in
             a step that returns no loss (a loss outside the module reads them: a classifier's
             or a language model's logits) -> its size and dtype. A loop computing that loss
