@@ -817,8 +817,7 @@ class Planner:
             self.budget.nbytes is not None
             and not self.more_follows
             and self.calls == 1
-            and jg.read_outside
-            and not jg.beside_loss
+            and jg.read_outside  # a step returning no loss: none is beside_loss
         ):
             # read by a loss outside the module: a loop computing it inline drops them before
             # the backward. Not where the module is called again before its backward (two views
@@ -2877,7 +2876,7 @@ def _read_outside(
 def _outputs_words(jg: JointGraph) -> tuple[str, str]:
     """How messages name the outputs a plan of ``jg`` may drop when the backward starts
     (:attr:`JointGraph.beside_loss`), and the loop that drops them."""
-    if jg.beside_loss and set(jg.beside_loss) <= set(jg.read_outside):
+    if jg.read_outside:  # a step returning no loss, whose beside_loss are some of these
         return (
             "the outputs the loss outside the module reads",
             "computing the loss inline (`loss = criterion(model(x), y)`)",
