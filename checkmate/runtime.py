@@ -489,6 +489,8 @@ class Planner:
     ran: list[int] = field(default_factory=list, repr=False)
     runs: dict[Hashable, int] = field(default_factory=dict, repr=False)
     warned_split: bool = field(default=False, repr=False)
+    #: a step found split as it ran, over the budget, was warned of (:meth:`_check_split`)
+    warned_found: bool = field(default=False, repr=False)
     warned_costly: bool = field(default=False, repr=False)
     split: dict[object, tuple[tuple[int, int], ...]] = field(default_factory=dict, repr=False)
     replan_pending: bool = field(default=False, repr=False)
@@ -1090,6 +1092,8 @@ class Planner:
         its graph's by more than :data:`COSTLY`."""
         if self.warned_costly or rec.result.cost is None or rec.overhead <= COSTLY:
             return
+        if self.replan_pending and self.step in self.split:
+            return  # a plan for this step only (_check_split): the next call compiles it again
         self.warned_costly = True
         chosen = rec.result.info.get("chosen", rec.result.strategy)
         warnings.warn(
@@ -1145,6 +1149,7 @@ class Planner:
         only where the loop holds them: until a backward was watched (:meth:`observe`), a
         step that fits without them is judged at the next call (``unobserved``,
         :meth:`judge_split`), and a loop holding them counts them."""
+        running = step is None  # as the step runs (partition), not judged after it ran (judge_split)
         step = self.step if step is None else step
         call = self.call if call is None else call
         buckets = ddp_reserve()
@@ -1173,6 +1178,22 @@ class Planner:
                 format_bytes(estimates[worst]),
                 format_bytes(nbytes),
             )
+            if running and estimates[worst] > SPLIT_SLACK * nbytes and not self.warned_found:
+                # this step runs over: said before it does (on a GPU, before an out-of-memory
+                # error). Unwarned, a Hugging Face Segformer split by transformers' first-call
+                # graph break (its output hooks installed) stepped at 1.46x the budget
+                self.warned_found = True
+                splitters = "DDP's gradient buckets" if buckets else "graph breaks"
+                warnings.warn(
+                    f"{splitters} split this step into {len(shares)} graphs, found as it runs: this step, "
+                    f"its earlier graphs planned before the later ones were known, can reach about "
+                    f"{format_bytes(estimates[worst])} ({estimates[worst] / nbytes:.2f}x the "
+                    f"{format_bytes(nbytes)} of the budget left to the graphs). The next call compiles the "
+                    "step again, each graph planned with the others beside it; a break seen at the first "
+                    "call only (a library's one-time set-up) then leaves one graph",
+                    BudgetWarning,
+                    stacklevel=2,
+                )
             return
         if self._without_held_grads():  # planned again as if none were held, and warned of
             self.replan_pending = True
@@ -1607,6 +1628,7 @@ class Planner:
             tries.append((base + beside + extra, None))
         tries.append((base + beside, None))
         tried: set[tuple[int, int | None]] = set()
+        least = 0  # the reserve that leaves this graph its least peak found, where that is less than `before`
         while tries:
             reserve, room = tries.pop(0)
             if (reserve, room) in tried or (not reserve and room is None):
@@ -1625,10 +1647,22 @@ class Planner:
                         tries.insert(1 if measured else 0, (reserve, room - over))
                 elif reserve - over > before and (not tries or reserve - over > tries[0][0]):
                     tries.insert(0, (reserve - over, None))
+                elif 0 < reserve - over <= before:
+                    least = max(least, reserve - over)
             else:
                 self._guess_left(guess, reserve - before - beside)
                 return solved
         self._guess_left(guess, 0)
+        if least and before:
+            # the graphs before it in the call hold more than its least peak leaves: no plan of
+            # this step fits (_check_split says so, and plans it again with them in view). Planned
+            # at its least peak, not at the whole budget, the step exceeds the budget the least: a
+            # Hugging Face Segformer, split by transformers' first-call graph break (installing its
+            # output hooks), at 0.5 of eager's peak, stepped at 1.46x the budget so, where ...
+            try:
+                return self._solve(jg, profile_id, least, hedged=True)
+            except InfeasibleBudgetError:
+                pass  # the least peak found is not found again in the time limit
         return self._solve(jg, profile_id, hedged=hedged)
 
     def _note_outside(self, exc: InfeasibleBudgetError, graph: Graph, guess: int) -> None:

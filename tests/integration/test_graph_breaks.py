@@ -330,9 +330,12 @@ def test_graphs_of_one_step_share_a_byte_budget_or_warn_with_the_estimate() -> N
     # incumbent cut off by a time limit, which a loaded machine moves); measured 1.28x the
     # budget, estimated 1.44x (the step's output, dropped by .sum(), counted as held)
     low = checkmate.optimize(BrokenInTheMiddle(), tight, time_limit=20, profile="cpu", strategy="lp-rounding")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", BudgetWarning)
-        low(x).sum().backward()
+    # the first call finds the second graph as it runs, its first planned without it in view:
+    # said before the step runs over (measured 1.28x, unwarned before)
+    with pytest.warns(BudgetWarning, match="split this step into 2 graphs, found as it runs") as found:
+        first = measure_peak(lambda: low(x).sum().backward())
+    assert len([w for w in found if issubclass(w.category, BudgetWarning)]) == 1
+    assert first > tight, f"warned of a first step within the budget: {first / tight:.3f}x"
     low.zero_grad()  # no gradients accumulated (a call finding them compiles again)
     with pytest.warns(BudgetWarning, match="graph breaks split this step into 2 graphs") as got:
         low(x).sum().backward()
@@ -373,7 +376,12 @@ def test_graphs_of_one_step_that_fit_no_plans_beside_accumulated_gradients_are_p
             sgd.zero_grad()
         peak = measure_peak(lambda: opt(x).sum().backward())
     said = [str(w.message) for w in caught if issubclass(w.category, BudgetWarning)]
-    # at the second micro-batch, that no plans fit beside the gradients the first left
+    # the first micro-batch may find its two graphs over the budget as it runs (estimated
+    # 1.13x, measured 1.016x), then at the second, that no plans fit beside the gradients the
+    # first left
+    found = [m for m in said if "found as it runs" in m]
+    said = [m for m in said if m not in found]
+    assert len(found) <= 1, found
     assert len(said) == 1 and "645.00 KiB of gradients as the step started" in said[0], said
     assert opt.__dict__["_checkmate_state"].planner.held_grads == 0
     assert peak <= budget, f"{peak / budget:.3f}x the budget"
@@ -859,3 +867,63 @@ def test_an_autograd_graph_the_count_cannot_read_does_not_fail_the_step(
     assert plans_of(opt)
     for a, b in zip(model.parameters(), reference.parameters()):
         assert torch.equal(a.grad, b.grad)
+
+
+class BreaksAtFirstCall(nn.Module):
+    """A narrow MLP, then a wide one, with a graph break between them at the first call only
+    (as transformers installs its output hooks at a model's first call, under a lock Dynamo
+    cannot trace): the first call's second graph needs more than the first left it room for,
+    and the calls after it compile one graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 128), nn.Tanh())
+        self.b = nn.Sequential(
+            *[nn.Sequential(nn.Linear(128 if i == 0 else 512, 512), nn.GELU()) for i in range(4)]
+        )
+        self.ready = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        if not self.ready:
+            torch._dynamo.graph_break()
+            self.ready = True
+        return self.b(h)
+
+
+def test_a_step_found_split_as_it_runs_over_the_budget_is_warned_of_and_its_later_graph_planned_at_its_least() -> (
+    None
+):
+    # the first call plans the narrow graph first, leaving room guessed from its own size;
+    # the wide graph after the break has no plan beside what the narrow one holds. That step
+    # ran over the budget unwarned (each graph planned at the whole budget); now it is said
+    # before it runs, and the wide graph is planned at its least peak, which exceeds it least
+    x = torch.randn(2048, 64)
+    torch.manual_seed(0)
+    ref = BreaksAtFirstCall()
+    model = copy.deepcopy(ref)
+    ref(x).sum().backward()
+    ref.zero_grad(set_to_none=True)
+    eager = measure_peak(lambda: ref(x).sum().backward())
+    budget = int(0.6 * eager)
+    opt = checkmate.optimize(model, budget, time_limit=5, profile="cpu")
+    with pytest.warns(BudgetWarning, match="split this step into 2 graphs, found as it runs") as found:
+        opt(x).sum().backward()
+    assert len([w for w in found if issubclass(w.category, BudgetWarning)]) == 1
+    first = plans_of(opt)
+    assert len(first) == 2, [p.summary() for p in first]
+    # the later graph planned at its least peak found, not at the whole budget
+    assert first[1].result.budget is not None and first[1].result.budget < budget
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BudgetWarning)
+        for _ in range(2):
+            model.zero_grad(set_to_none=True)
+            opt(x).sum().backward()
+        model.zero_grad(set_to_none=True)
+        peak = measure_peak(lambda: opt(x).sum().backward())
+    assert len(plans_of(opt)) == 3  # one graph once the break is gone
+    assert peak <= budget, f"{peak / budget:.3f}x the budget"
+    ref.zero_grad(set_to_none=True)
+    ref(x).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert torch.equal(p.grad, q.grad), name
