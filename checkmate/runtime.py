@@ -1153,6 +1153,7 @@ class Planner:
         step = self.step if step is None else step
         call = self.call if call is None else call
         buckets = ddp_reserve()
+        splitters = "DDP's gradient buckets" if buckets else "graph breaks"
         beside = self._beside()  # DDP's buckets, FSDP2's parameters, gradients held: beside every graph
         nbytes = self._graphs_room()
         records, runs, shares, seen = self._split_parts(step, call)
@@ -1183,7 +1184,6 @@ class Planner:
                 # error). Unwarned, a Hugging Face Segformer split by transformers' first-call
                 # graph break (its output hooks installed) stepped at 1.46x the budget
                 self.warned_found = True
-                splitters = "DDP's gradient buckets" if buckets else "graph breaks"
                 warnings.warn(
                     f"{splitters} split this step into {len(shares)} graphs, found as it runs: this step, "
                     f"its earlier graphs planned before the later ones were known, can reach about "
@@ -1200,7 +1200,6 @@ class Planner:
             return
         self.warned_split = True
         held = sum(s.held * r for s, r in zip(shares[:worst], runs[:worst]))
-        split = "DDP's gradient buckets split this step" if buckets else "graph breaks split this step"
         remedy = (
             "torch._dynamo.config.optimize_ddp = False makes it one graph (DDP then reduces the "
             "gradients after the backward instead of during it)"
@@ -1208,7 +1207,7 @@ class Planner:
             else "remove the graph break (TORCH_LOGS=graph_breaks names it; fullgraph=True makes it an error)"
         )
         warnings.warn(
-            f"{split} into {len(shares)} graphs, and no plans of them fit a byte budget together: while "
+            f"{splitters} split this step into {len(shares)} graphs, and no plans of them fit a byte budget together: while "
             f"graph {call[worst]} runs (its own peak {format_bytes(shares[worst].peak)}"
             + (f", beside its {runs[worst] - 1} other runs in the step" if runs[worst] > 1 else "")
             + "), the graphs "
@@ -1628,7 +1627,7 @@ class Planner:
             tries.append((base + beside + extra, None))
         tries.append((base + beside, None))
         tried: set[tuple[int, int | None]] = set()
-        least = 0  # the reserve that leaves this graph its least peak found, where that is less than `before`
+        at_least = 0  # the reserve leaving this graph its least peak found, where less than `before`
         while tries:
             reserve, room = tries.pop(0)
             if (reserve, room) in tried or (not reserve and room is None):
@@ -1648,19 +1647,19 @@ class Planner:
                 elif reserve - over > before and (not tries or reserve - over > tries[0][0]):
                     tries.insert(0, (reserve - over, None))
                 elif 0 < reserve - over <= before:
-                    least = max(least, reserve - over)
+                    at_least = max(at_least, reserve - over)
             else:
                 self._guess_left(guess, reserve - before - beside)
                 return solved
         self._guess_left(guess, 0)
-        if least and before:
+        if at_least:  # at most `before`: some graph before it in the call holds bytes
             # the graphs before it in the call hold more than its least peak leaves: no plan of
             # this step fits (_check_split says so, and plans it again with them in view). Planned
             # at its least peak, not at the whole budget, the step exceeds the budget the least: a
             # Hugging Face Segformer, split by transformers' first-call graph break (installing its
-            # output hooks), at 0.5 of eager's peak, stepped at 1.46x the budget so, where ...
+            # output hooks), at 0.5 of eager's peak, stepped at 1.46x the budget so, and at 1.28x so
             try:
-                return self._solve(jg, profile_id, least, hedged=True)
+                return self._solve(jg, profile_id, at_least, hedged=True)
             except InfeasibleBudgetError:
                 pass  # the least peak found is not found again in the time limit
         return self._solve(jg, profile_id, hedged=hedged)
