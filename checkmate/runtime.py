@@ -1286,13 +1286,18 @@ class Planner:
         """Whether the graphs a call ran (``ran``: record index -> runs, in the order they first
         ran), as planned, fit the byte budget run so many times each, as :meth:`_check_split`
         estimates: a graph planned for fewer runs that still fits needs no plan for them."""
+        return self.runs_reach(ran)[0] <= self._graphs_room()
+
+    def runs_reach(self, ran: Mapping[int, int]) -> tuple[int, int]:
+        """What the graphs a call ran (``ran``, as :meth:`runs_fit`), as planned, can reach
+        together run so many times each, as :meth:`_check_split` estimates, and the bytes of
+        the budget left to the graphs."""
         if not ran:
-            return True
+            return 0, self._graphs_room()
         records = [self.records[i] for i in ran]
         runs = [max(n, self._runs_of(r.joint.graph)) for r, n in zip(records, ran.values())]
-        return (
-            max(step_estimates([share_of(r) for r in records], runs, [0] * len(runs))) <= self._graphs_room()
-        )
+        reach = max(step_estimates([share_of(r) for r in records], runs, [0] * len(runs)))
+        return reach, self._graphs_room()
 
     def _compiled_may_fit(self, compiler: str, exc: InfeasibleBudgetError) -> bool:
         """Whether a budget the graph model finds no schedule for is worth checking compiled:

@@ -890,16 +890,24 @@ def test_a_graph_run_again_in_the_call_that_compiled_it_is_planned_for_its_runs_
     # does not trace) runs one graph per block: the call that compiled it planned it for one run.
     # Its runs were found only when a step was measured whole, the third call: the two before
     # it and it ran over (0.6 of eager's peak: 1.21x the budget, both models), warned after. Now
-    # the next call is planned for the runs
+    # the next call is planned for the runs, and the call that compiled them, which runs over,
+    # is warned of as its forward returns (before its backward runs over)
     model, opt, budget, args = _blocks(model_name, 0.6)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        # the call that compiled the blocks, then the one that compiles them for their runs
-        said = _budget_warnings(model, opt, args, 2)
+        first = measure_peak(lambda: opt(*args).backward())  # the call that compiled the blocks
+        model.zero_grad()
+        found = [str(w.message) for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
+        caught.clear()
+        said = _budget_warnings(model, opt, args, 1)  # the one that compiles them for their runs
         peak = measure_peak(lambda: opt(*args).backward())
         model.zero_grad()
     said += [str(w.message) for w in caught if issubclass(w.category, checkmate.BudgetWarning)]
-    print(f"measured {peak / budget:.3f}x the budget", said)
+    print(f"measured {first / budget:.3f}x, then {peak / budget:.3f}x the budget", found, said)
+    assert len(found) == 1 and "ran more times in it than they were planned for" in found[0], found
+    estimate = float(re.search(r"\(([\d.]+)x the ", found[0]).group(1))  # type: ignore[union-attr]
+    assert first > STEP_SLACK * budget, f"warned of a step at {first / budget:.3f}x the budget"
+    assert abs(estimate - first / budget) < 0.2, (estimate, first / budget)
     assert peak <= STEP_SLACK * budget, f"{peak / budget:.3f}x the budget"
     assert not said
     planner = opt.__dict__["_checkmate_state"].planner
