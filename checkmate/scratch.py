@@ -35,6 +35,7 @@ figure measured 1.04-1.05x its budget under Inductor, in copies inside
 
 from __future__ import annotations
 
+import importlib
 import logging
 import pickle
 import subprocess
@@ -46,6 +47,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._library.custom_ops import OPDEFS
 
 from checkmate.devcache import DeviceTable
 from checkmate.eager import real_like, real_tensors
@@ -292,6 +294,50 @@ class _Spec:
     dtype: torch.dtype
 
 
+@dataclass(frozen=True)
+class _Named:
+    """A memory format by name (``contiguous_format``), for the worker: it pickles as its
+    bare name, looked up in the first module holding it, which in a process
+    ``torch.multiprocessing`` spawned (a DDP rank) from a script importing ``torch`` is that
+    script's ``__mp_main__``: the worker had no such module, and a ConvNeXt's ``clone`` was
+    measured in the profiler instead, with a ``ProfileWarning``."""
+
+    name: str
+
+
+def _portable(x: object) -> object:
+    """An argument of an op as sent to the worker: a tensor as its :class:`_Spec`, a memory
+    format by name (:class:`_Named`), anything else as it is."""
+    if isinstance(x, torch.Tensor):
+        return _Spec(tuple(int(d) for d in x.shape), tuple(int(d) for d in x.stride()), x.dtype)
+    if isinstance(x, torch.memory_format):
+        return _Named(str(x).removeprefix("torch."))
+    return x
+
+
+def _rebuilt(x: object) -> object:
+    """In the worker, the argument :func:`_portable` sent (a tensor's values: any; its
+    inputs are made by :func:`checkmate.eager.real_like` from it)."""
+    if isinstance(x, _Spec):
+        return torch.empty_strided(x.shape, x.stride, dtype=x.dtype)
+    if isinstance(x, _Named):
+        return getattr(torch, x.name)
+    return x
+
+
+def _defining_module(target: Any) -> str | None:
+    """The module that defines the custom op ``target`` (``torch.library.custom_op``), for the
+    worker to import before it looks the op up: a Hugging Face Mixtral's experts run
+    ``transformers::grouped_mm_fallback``, which a fresh interpreter does not know. None for
+    built-in ops, and where the module is unknown or is a script's ``__main__``."""
+    namespace = getattr(target, "namespace", "aten")
+    if namespace in ("aten", "prims"):
+        return None
+    opdef = OPDEFS.get(f"{namespace}::{target._opname}")
+    module = getattr(getattr(opdef, "_init_fn", None), "__module__", None)
+    return module if isinstance(module, str) and module != "__main__" else None
+
+
 #: seconds the scratch worker may take (start-up included) before its ops are measured here
 WORKER_TIMEOUT = 120.0
 _WORKER = "from checkmate.scratch import _worker_main; _worker_main()"
@@ -307,16 +353,9 @@ def _measure_in_worker(
 
     jobs: list[tuple[tuple[str, str], bytes]] = []
     for k, (node, vals) in todo.items():
-        spec = torch.utils._pytree.tree_map(
-            lambda x: (
-                _Spec(tuple(int(d) for d in x.shape), tuple(int(d) for d in x.stride()), x.dtype)
-                if isinstance(x, torch.Tensor)
-                else x
-            ),
-            vals,
-        )
+        spec = torch.utils._pytree.tree_map(_portable, vals)
         try:
-            payload = pickle.dumps((str(node.target), spec, any_layout))
+            payload = pickle.dumps((str(node.target), _defining_module(node.target), spec, any_layout))
         except Exception:  # a symbolic size, an object of the user's: measured here
             continue
         jobs.append((k, payload))
@@ -356,15 +395,12 @@ def _worker_main() -> None:
     answers: list[tuple[int, int] | None] = []
     for payload in payloads:
         try:
-            name, spec, any_layout = pickle.loads(payload)
+            name, module, spec, any_layout = pickle.loads(payload)
+            if module is not None:  # a custom op: registered where its library defines it
+                importlib.import_module(module)
             ns, op, overload = name.split(".")
             target = getattr(getattr(getattr(torch.ops, ns), op), overload)
-            vals = torch.utils._pytree.tree_map(
-                lambda x: (
-                    torch.empty_strided(x.shape, x.stride, dtype=x.dtype) if isinstance(x, _Spec) else x
-                ),
-                spec,
-            )
+            vals = torch.utils._pytree.tree_map(_rebuilt, spec)
             answers.append(_measure(target, vals, any_layout))
         except Exception:
             answers.append(None)

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
+import types
+import warnings
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -121,6 +125,74 @@ def test_scratch_the_worker_cannot_measure_is_measured_here_with_a_warning(
         pytest.warns(ProfileWarning, match="inside a running profiler"),
     ):
         sc.scratch_bytes(node)
+
+
+def _node(target: object, *args: object, **kwargs: object) -> fx.Node:
+    """A node of ``target`` on placeholders for its tensor ``args`` (given as meta values),
+    its own meta value the op's output on those."""
+    g = fx.Graph()
+    ins = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            p = g.placeholder(f"x{i}")
+            p.meta["val"] = a
+            ins.append(p)
+        else:
+            ins.append(a)
+    node = g.call_function(target, tuple(ins), kwargs)
+    node.meta["val"] = target(*args, **kwargs)  # type: ignore[operator]
+    return node
+
+
+@contextlib.contextmanager
+def _spawned_main_holding_torch() -> Iterator[None]:
+    """``sys.modules`` as in a process ``torch.multiprocessing`` spawned (a DDP rank) from a
+    script that imports ``torch``: its ``__mp_main__`` first, holding ``torch``, where pickle
+    looks up a memory format by its bare name (``torch.contiguous_format``)."""
+    main = types.ModuleType("__mp_main__")
+    main.torch = torch  # type: ignore[attr-defined]
+    saved = dict(sys.modules)
+    sys.modules.clear()
+    sys.modules["__mp_main__"] = main
+    sys.modules.update((k, v) for k, v in saved.items() if k != "__mp_main__")
+    try:
+        yield
+    finally:
+        sys.modules.clear()
+        sys.modules.update(saved)
+
+
+@pytest.mark.parametrize("kind", ["memory format", "custom op"])
+def test_the_worker_measures_ops_with_arguments_a_fresh_interpreter_must_be_given(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    # a memory format pickles as a bare name, which a DDP rank resolved in its __main__ (a
+    # ConvNeXt's clone); a custom op exists only once its library is imported (a Hugging Face
+    # Mixtral's experts). Each was measured in the profiler instead, its temporaries hidden,
+    # with a ProfileWarning
+    from tests.integration import _custom_ops
+
+    if kind == "memory format":
+        x = torch.randn(64, 32, 16).permute(2, 0, 1)
+        node = _node(torch.ops.aten.clone.default, x, memory_format=torch.contiguous_format)
+        where: contextlib.AbstractContextManager[None] = _spawned_main_holding_torch()
+    else:
+        node = _node(torch.ops.checkmate_tests.doubled_sum.default, torch.randn(256, 64))
+        assert _custom_ops.doubled_sum is not None
+        where = contextlib.nullcontext()
+    _fresh_table(monkeypatch)
+    outside = sc.scratch_bytes(node)
+    if kind == "custom op":
+        assert outside >= 256 * 64 * 4, outside  # the doubled copy
+    _fresh_table(monkeypatch)
+    with (
+        where,
+        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("error", ProfileWarning)
+        inside = sc.scratch_bytes(node)
+    assert inside == outside
 
 
 def _conv_backward_node(n: int = 64, c: int = 32, hw: int = 16) -> fx.Node:
