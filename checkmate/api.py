@@ -1166,6 +1166,8 @@ def _check_uncaptured(
     except Exception as exc:  # a diagnosis: an autograd node it cannot read must not fail the step
         log.info("the ops run outside the captured graphs were not counted: %s: %s", type(exc).__name__, exc)
         return
+    if found.functions:  # their backward runs eagerly: named if the step is measured over
+        state.planner.eager_functions[key] = found.functions
     if found.saved <= UNCAPTURED_SHARE * planned:
         return
     state.planner.uncaptured[key] = found.saved

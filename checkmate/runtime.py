@@ -362,6 +362,9 @@ class Planner:
         uncaptured: step signature -> the bytes ops its forward ran outside every captured
             graph saved for the backward (:mod:`checkmate.uncaptured`), where they were a large
             share of its plans': a step measured over the budget says they are held beside them.
+        eager_functions: step signature -> the Python ``autograd.Function`` classes its forward
+            ran eagerly, outside every captured graph (:mod:`checkmate.uncaptured`): their
+            backward runs eagerly too, and a step measured over the budget names them.
         breaks: step signature -> why Dynamo broke its graphs, as :func:`~checkmate.uncaptured.break_reasons`
             gave them when the step was first compiled: what a graph run several times in the
             step is said to come from (:meth:`_repeats`).
@@ -500,6 +503,7 @@ class Planner:
     outside_boundary: dict[object, int] = field(default_factory=dict, repr=False)
     loss_guess: dict[object, int] = field(default_factory=dict, repr=False)
     uncaptured: dict[object, int] = field(default_factory=dict, repr=False)
+    eager_functions: dict[object, tuple[str, ...]] = field(default_factory=dict, repr=False)
     breaks: dict[object, tuple[str, ...]] = field(default_factory=dict, repr=False)
     runs_unfit: set[object] = field(default_factory=set, repr=False)
     given_back: set[object] = field(default_factory=set, repr=False)
@@ -2238,7 +2242,25 @@ class Planner:
         # what is held beyond the plans: ops the forward ran eagerly, where it found them large,
         # else code outside the module (a loss on its outputs)
         eager = self.uncaptured.get(step, 0)
-        if eager:
+        functions = self.eager_functions.get(step, ())
+        if functions:
+            # its backward runs eagerly and allocates what it will: a Hugging Face Reformer's
+            # reversible layers (an autograd.Function recomputing in its backward) stepped at
+            # 1.43x a budget of 0.7 of eager's peak, said to be "a loss computed on its outputs"
+            named = ", ".join(f"`{f}`" for f in functions[:3])
+            what, advice = (
+                (
+                    f"{format_bytes(eager)} of it saved by ops its forward ran eagerly, outside every captured "
+                    f"graph, and the rest likely allocated by the backward of {named}, an autograd.Function run "
+                    "so: no plan bounds either"
+                    if eager
+                    else f"likely allocated by the backward of {named}, an autograd.Function its forward ran "
+                    "eagerly, outside every captured graph, which no plan bounds"
+                ),
+                f"have Dynamo capture {named} (TORCH_LOGS=graph_breaks says why it did not; an autograd.Function "
+                "whose forward and backward are traceable PyTorch code is captured with the step)",
+            )
+        elif eager:
             what, advice = (
                 f"{format_bytes(eager)} of it saved by ops its forward ran eagerly, outside every "
                 "captured graph, which no plan bounds",

@@ -45,6 +45,10 @@ class Uncaptured:
     nodes: int
     #: their node types, most frequent first (``"AddmmBackward0"``)
     kinds: tuple[str, ...]
+    #: the Python ``autograd.Function`` classes among them defined outside torch
+    #: (``"_ReversibleFunction"``), whose backward runs eagerly too, allocating what no plan
+    #: bounds, most frequent first (:func:`_library_function`)
+    functions: tuple[str, ...] = ()
 
 
 def uncaptured(outputs: Iterable[torch.Tensor], held: Iterable[torch.Tensor]) -> Uncaptured:
@@ -67,6 +71,7 @@ def uncaptured(outputs: Iterable[torch.Tensor], held: Iterable[torch.Tensor]) ->
     todo: list[torch.autograd.graph.Node | None] = [t.grad_fn for t in outputs if t.grad_fn is not None]
     storages: dict[int, int] = {}
     kinds: Counter[str] = Counter()
+    functions: Counter[str] = Counter()
     while todo:
         node = todo.pop()
         if node is None or node in seen or node in stop:
@@ -79,10 +84,32 @@ def uncaptured(outputs: Iterable[torch.Tensor], held: Iterable[torch.Tensor]) ->
         if kind == _COMPILED:
             continue
         kinds[kind] += 1
+        if (function := _library_function(node)) is not None:
+            functions[function] += 1
         for t in _saved_tensors(node):
             if (key := storage_key(t)) is not None and key not in keep_out:
                 storages[key] = t.untyped_storage().nbytes()
-    return Uncaptured(sum(storages.values()), sum(kinds.values()), tuple(k for k, _ in kinds.most_common()))
+    return Uncaptured(
+        sum(storages.values()),
+        sum(kinds.values()),
+        tuple(k for k, _ in kinds.most_common()),
+        tuple(k for k, _ in functions.most_common()),
+    )
+
+
+def _library_function(node: torch.autograd.graph.Node) -> str | None:
+    """The name of the Python ``autograd.Function`` whose backward ``node`` is, where a model
+    or library defines it (a reversible layer recomputing in its backward, a fused kernel's
+    wrapper); None for other nodes and for torch's own (DDP's ``_DDPSink``, FSDP2's
+    ``RegisterPostBackwardFunction`` on a block's inputs), whose backward allocates nothing
+    of note."""
+    if not isinstance(node, torch.autograd.function.BackwardCFunction):
+        return None
+    cls = getattr(node, "_forward_cls", None)
+    module = str(getattr(cls, "__module__", ""))
+    if cls is None or module == "torch" or module.startswith("torch."):
+        return None
+    return str(cls.__name__)
 
 
 def _saved_hooks_active() -> bool:

@@ -818,6 +818,58 @@ def test_ops_run_outside_every_graph_are_warned_of_with_what_they_saved_and_why(
     assert plans_of(opt), "nothing was planned"
 
 
+class _Spread(torch.autograd.Function):
+    """Dynamo cannot trace it (a graph break inside), so it runs eagerly, forward and backward.
+    It saves nothing; its backward allocates a temporary 32 times its gradient, as a reversible
+    layer's backward recomputes its forward, which no plan bounds."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        torch._dynamo.graph_break()
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        spread = grad.unsqueeze(0).expand(32, *grad.shape).contiguous()
+        return spread.mean(0) * 2
+
+
+class _SpreadNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])
+        self.head = nn.Linear(256, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(_Spread.apply(self.body(x))).square().mean()  # the loss, inside
+
+
+def test_a_step_over_the_budget_by_an_eager_autograd_functions_backward_names_it() -> None:
+    # a Hugging Face Reformer's reversible layers (an autograd.Function that recomputes in its
+    # backward, run eagerly) stepped at 1.43x a byte budget of 0.7 of eager's peak, and the
+    # warning blamed "a loss computed on its outputs": its loss is computed inside
+    torch.manual_seed(0)
+    model, x = _SpreadNet(), torch.randn(512, 256)
+    reference = copy.deepcopy(model)
+    eager = measure_peak(lambda: reference(x).backward())
+    opt = checkmate.optimize(model, int(0.6 * eager), profile="cpu", time_limit=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            opt(x).backward()
+            model.zero_grad(set_to_none=True)
+    over = [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, BudgetWarning) and "the training step measured" in str(w.message)
+    ]
+    assert over, [str(w.message) for w in caught]
+    assert "likely allocated by the backward of `_Spread`, an autograd.Function" in over[0], over[0]
+    assert "have Dynamo capture `_Spread`" in over[0], over[0]
+    assert "a loss computed on its outputs" not in over[0], over[0]
+    assert plans_of(opt), "nothing was planned"
+
+
 def test_a_fraction_no_captured_graph_can_meet_says_the_step_ran_mostly_outside_them() -> None:
     # the captured graph (embedding, MLP) cannot meet 0.3 of its own peak, and the step's
     # peak is the eager part's: the error says so rather than only that the graph sets it

@@ -84,3 +84,17 @@ def test_a_python_autograd_function_run_eagerly_is_counted_with_what_it_saved() 
     y = _Square.apply(w + 1)  # AddBackward0 saves nothing; the Function saves its output
     found = uncaptured([y], [w])
     assert found.saved == y.nbytes and found.nodes == 2
+    assert found.functions == ("_Square",)  # its backward runs eagerly too: named, not AddBackward0
+
+
+def test_torchs_own_autograd_functions_are_not_named() -> None:
+    # DDP's _DDPSink and FSDP2's RegisterPostBackwardFunction run eagerly around every captured
+    # step, and their backward allocates nothing of note: naming them as the cause of a step
+    # over its budget would send the user after the wrong code
+    from torch.utils.checkpoint import CheckpointFunction
+
+    w = torch.randn(32, 32, requires_grad=True)
+    y = CheckpointFunction.apply(lambda t: t * 2, True, w + 1)
+    found = uncaptured([y], [w])
+    assert "CheckpointFunctionBackward" in found.kinds  # walked, and counted as eager
+    assert found.functions == ()
