@@ -47,7 +47,6 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._library.custom_ops import OPDEFS
 
 from checkmate.devcache import DeviceTable
 from checkmate.eager import real_like, real_tensors
@@ -333,7 +332,8 @@ def _defining_module(target: Any) -> str | None:
     namespace = getattr(target, "namespace", "aten")
     if namespace in ("aten", "prims"):
         return None
-    opdef = OPDEFS.get(f"{namespace}::{target._opname}")
+    opdefs = getattr(getattr(torch, "_library", None), "custom_ops", None)  # torch's registry (2.4+)
+    opdef = getattr(opdefs, "OPDEFS", {}).get(f"{namespace}::{target._opname}")
     module = getattr(getattr(opdef, "_init_fn", None), "__module__", None)
     return module if isinstance(module, str) and module != "__main__" else None
 
@@ -371,7 +371,13 @@ def _measure_in_worker(
             timeout=WORKER_TIMEOUT,
         )
         answers = pickle.loads(proc.stdout)
-    except Exception:  # the worker died or timed out: measured here, as before
+    except Exception as exc:  # the worker died or timed out: measured here, as before
+        log.info(
+            "the scratch worker gave no answer (%s: %s): measuring %d op(s) here",
+            type(exc).__name__,
+            exc,
+            len(jobs),
+        )
         return {}
     return {k: (int(n[0]), int(n[1])) for (k, _), n in zip(jobs, answers) if n is not None}
 
