@@ -1124,8 +1124,10 @@ def _warn_runs_found(state: CheckmateState, ran: Counter[int]) -> None:
     graph stepped its first call at 1.03x a budget of 0.5 of eager's peak, and blocks broken by a
     print at 0.6 of eager's peak at 1.21x (the warning's estimate: 1.23x)."""
     planner = state.planner
+    if planner.warned_found:
+        return
     reach, room = planner.runs_reach(ran)
-    if planner.warned_found or reach <= SPLIT_SLACK * room:
+    if reach <= SPLIT_SLACK * room:
         return
     planner.warned_found = True
     warnings.warn(

@@ -1290,7 +1290,8 @@ class Planner:
         """Whether the graphs a call ran (``ran``: record index -> runs, in the order they first
         ran), as planned, fit the byte budget run so many times each, as :meth:`_check_split`
         estimates: a graph planned for fewer runs that still fits needs no plan for them."""
-        return self.runs_reach(ran)[0] <= self._graphs_room()
+        reach, room = self.runs_reach(ran)
+        return reach <= room
 
     def runs_reach(self, ran: Mapping[int, int]) -> tuple[int, int]:
         """What the graphs a call ran (``ran``, as :meth:`runs_fit`), as planned, can reach
@@ -2243,6 +2244,9 @@ class Planner:
         # else code outside the module (a loss on its outputs)
         eager = self.uncaptured.get(step, 0)
         functions = self.eager_functions.get(step, ())
+        saved = (
+            f"{format_bytes(eager)} of it saved by ops its forward ran eagerly, outside every captured graph"
+        )
         if functions:
             # its backward runs eagerly and allocates what it will: a Hugging Face Reformer's
             # reversible layers (an autograd.Function recomputing in its backward) stepped at
@@ -2250,8 +2254,7 @@ class Planner:
             named = ", ".join(f"`{f}`" for f in functions[:3])
             what, advice = (
                 (
-                    f"{format_bytes(eager)} of it saved by ops its forward ran eagerly, outside every captured "
-                    f"graph, and the rest likely allocated by the backward of {named}, an autograd.Function run "
+                    f"{saved}, and the rest likely allocated by the backward of {named}, an autograd.Function run "
                     "so: no plan bounds either"
                     if eager
                     else f"likely allocated by the backward of {named}, an autograd.Function its forward ran "
@@ -2261,11 +2264,7 @@ class Planner:
                 "whose forward and backward are traceable PyTorch code is captured with the step)",
             )
         elif eager:
-            what, advice = (
-                f"{format_bytes(eager)} of it saved by ops its forward ran eagerly, outside every "
-                "captured graph, which no plan bounds",
-                _UNCAPTURED_ADVICE,
-            )
+            what, advice = f"{saved}, which no plan bounds", _UNCAPTURED_ADVICE
         else:
             what, advice = (
                 "a loss computed on its outputs, tensors kept from them, another model's step",
