@@ -56,8 +56,8 @@ _LAZY = {
     "disabled": "checkmate.api",
     "plans_of": "checkmate.api",
     "UnplannedWarning": "checkmate.api",
-    "BudgetWarning": "checkmate.runtime",
-    "OverheadWarning": "checkmate.runtime",
+    "BudgetWarning": "checkmate.planner_common",
+    "OverheadWarning": "checkmate.planner_common",
     "CompilerFallbackWarning": "checkmate.backends",
 }
 

@@ -55,27 +55,18 @@ from checkmate.distributed import (
     fsdp_params_of,
     in_process_group,
 )
+from checkmate.planner_common import LATER_ROOM, BudgetWarning, OverheadWarning
+from checkmate.planning import UNCHECKED
 from checkmate.recompiles import (
     caller_level,
     warn_if_numbers_vary,
     warn_if_recompiled,
     warn_if_shapes_vary,
 )
+from checkmate.records import PlanRecord
 from checkmate.release import release_compiled
-from checkmate.runtime import (
-    COMPILERS,
-    LATE_ZERO,
-    LATE_ZERO_ADVICE,
-    LATER_ROOM,
-    SPLIT_SLACK,
-    UNCHECKED,
-    BudgetWarning,
-    OverheadWarning,
-    Planner,
-    PlanRecord,
-    log,
-    repeated,
-)
+from checkmate.runtime import COMPILERS, Planner, log
+from checkmate.step_budget import LATE_ZERO, LATE_ZERO_ADVICE, SPLIT_SLACK, repeated
 from checkmate.stepcheck import STEP_SLACK, StepWindow, abort_windows, open_window, users_profiler
 from checkmate.uncaptured import break_reasons, dynamo_failures, uncaptured
 from solvers.budget import BudgetSpec, format_bytes, parse_budget
@@ -285,7 +276,7 @@ def optimize(
             it (a loss split off by a graph break, as in Hugging Face models given
             ``labels``): it does not set the step's peak, so it is planned at its own
             minimum (keep-all when that is not known to be lower) with a
-            :class:`~checkmate.runtime.BudgetWarning` naming the graph, the fraction and
+            :class:`~checkmate.BudgetWarning` naming the graph, the fraction and
             the bytes it got; its :class:`PlanRecord` holds the budget it was planned at
             (``result.budget``) and the one asked (``asked_budget``). Byte budgets apply
             to every graph as given.
@@ -311,7 +302,7 @@ def optimize(
             and replan until it is within the budget and uses most of it (at most three
             plans measured; :mod:`checkmate.compiled`). Costs a compile per plan measured.
             When no plan measured fits, or the measurement fails, a
-            :class:`~checkmate.runtime.BudgetWarning` says so. Off, the step may hold
+            :class:`~checkmate.BudgetWarning` says so. Off, the step may hold
             0.8-1.04x the budget (measured on CPU). Not done for ``budget="min"``; a
             ``BudgetWarning`` says so. Under torch.distributed each rank checks, and
             replans, on its own.
@@ -636,7 +627,7 @@ def _warn_if_checkpointing(module: nn.Module, state: CheckmateState, captured: b
     recomputes. Captured whole (torch 2.13 with transformers 5.25), the regions' ops are
     planned as the step's others, which the budget covers: nothing to say under a byte budget
     (a GPT-2 with it on, at 0.6 of eager's peak: 0.86x the budget), and under a fraction the
-    planner's warning (:data:`checkmate.runtime.CHECKPOINTED`) says what the fraction is of."""
+    planner's warning (:data:`checkmate.planning.CHECKPOINTED`) says what the fraction is of."""
     on = _hf_checkpointing(module)
     if on is None:
         return
@@ -1118,7 +1109,7 @@ def _plan_for_runs(state: CheckmateState, key: tuple[Any, ...], ran: Counter[int
 def _warn_runs_found(state: CheckmateState, ran: Counter[int]) -> None:
     """Once per planner, a :class:`BudgetWarning` where the graphs of the call that compiled
     them ran more times than they were planned for (``ran``) and, so planned, can together
-    exceed the budget left to the graphs by more than :data:`~checkmate.runtime.SPLIT_SLACK`:
+    exceed the budget left to the graphs by more than :data:`~checkmate.step_budget.SPLIT_SLACK`:
     said as the forward returns, before the backward runs over (on a GPU, before an
     out-of-memory error). Unwarned, a Hugging Face Wav2Vec2 whose two encoder layers run one
     graph stepped its first call at 1.03x a budget of 0.5 of eager's peak, and blocks broken by a
@@ -1402,7 +1393,7 @@ def _device_of(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any])
 def _warn_unmeasured(module: nn.Module, state: CheckmateState, out: Any) -> None:
     """A :class:`BudgetWarning`, once, where a step cannot be measured whole (the CPU under
     torch.distributed) and a loss computed on the module's outputs outside it could take a
-    large share of the byte budget (:data:`~checkmate.runtime.LATER_ROOM` times their bytes,
+    large share of the byte budget (:data:`~checkmate.planner_common.LATER_ROOM` times their bytes,
     the planner's guess at what a loss on outputs holds: an HF GPT-2's cross-entropy with
     label smoothing held 2.86 times its logits); not where the module returns a scalar
     beside them (its own loss)."""

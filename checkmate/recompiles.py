@@ -6,7 +6,7 @@ each new value of a Python number among the inputs (:func:`warn_if_numbers_vary`
 input shape (:func:`warn_if_shapes_vary`), and each change of something else the step reads
 (a number kept on the module, a size that depends on tensor values after a graph break:
 :func:`warn_if_recompiled`) traces, profiles and plans the step again. Each warns once, with
-what changed and what to do, as a :class:`checkmate.runtime.OverheadWarning` pointing at the
+what changed and what to do, as a :class:`checkmate.OverheadWarning` pointing at the
 user's line (:func:`caller_level`).
 """
 
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from checkmate.runtime import OverheadWarning
+from checkmate.planner_common import OverheadWarning
 
 if TYPE_CHECKING:
     from checkmate.api import CheckmateState

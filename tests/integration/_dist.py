@@ -123,3 +123,13 @@ def train_twins(
                 step(m, 10 * k + rank)
             adam[id(m)].step()
     return peaks
+
+
+def fake_ddp_reserve(monkeypatch: pytest.MonkeyPatch, nbytes: int) -> None:
+    """Make the planner see ``nbytes`` of DDP gradient buckets beside every graph, without DDP:
+    :func:`checkmate.distributed.ddp_reserve` replaced in both planner layers that read it."""
+    import checkmate.planning
+    import checkmate.step_budget
+
+    for module in (checkmate.planning, checkmate.step_budget):
+        monkeypatch.setattr(module, "ddp_reserve", lambda: nbytes)

@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 import checkmate  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
-from checkmate.runtime import COSTLY, BudgetWarning  # noqa: E402
+from checkmate.planner_common import COSTLY, BudgetWarning  # noqa: E402
 from solvers.errors import CheckmateError  # noqa: E402
 from tests.integration import _models as M  # noqa: E402
 
@@ -263,7 +263,7 @@ def test_a_budget_below_every_simulated_schedule_is_held_when_the_compiled_step_
 def _measured_plans(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The plans (``SolveResult``) measured compiled, in order (a spy: the measurement runs
     as it does)."""
-    import checkmate.runtime as R
+    import checkmate.planning as R
 
     plans: list[Any] = []
     measure = R._logged_peak
@@ -282,9 +282,11 @@ def test_a_costly_plan_at_the_least_peak_is_compiled_only_where_no_plan_fits_unc
     # every plan counts as costly here: below the least simulated peak, the plan keeping every
     # value is checked compiled in place of the plan at the least peak (whose compile can take
     # minutes), and that plan only where the graph has no plan uncompiled either
-    import checkmate.runtime as R
+    import checkmate.planning
+    import checkmate.step_budget
 
-    monkeypatch.setattr(R, "COSTLY", -1.0)
+    for module in (checkmate.planning, checkmate.step_budget):  # the two that read it
+        monkeypatch.setattr(module, "COSTLY", -1.0)
     plans = _measured_plans(monkeypatch)
     model, grads, ref_grads, compiled_peak = _wide_vocab_case()
     budget = int(1.5 * compiled_peak)
@@ -464,7 +466,7 @@ def _over_budget_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every plan's compiled step measures twice its budget (as Inductor's may, where its
     fusions hold values no plan counts: a Hugging Face Segformer at 0.5 of eager's peak
     measured 1.08-1.14x with every plan measured)."""
-    import checkmate.runtime as R
+    import checkmate.planning as R
 
     monkeypatch.setattr(R, "_logged_peak", lambda plan, *args: 2 * int(args[3]))
 

@@ -24,6 +24,7 @@ import checkmate
 from checkmate.memory import measure_peak
 from checkmate.stepcheck import STEP_SLACK
 from solvers.errors import InfeasibleBudgetError
+from tests.integration._dist import fake_ddp_reserve
 from tests.integration._models import Block, SmallCNN, TinyTransformer, gpt2
 
 pytestmark = pytest.mark.torch
@@ -125,16 +126,16 @@ def _fresh(name: str) -> tuple[nn.Module, tuple[Any, ...]]:
 
 def _spy_searches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int | None, float | None]]:
     """Records, per plan search the planner starts, its budget's bytes and its time limit."""
-    import checkmate.runtime
+    import checkmate.planning
 
     searched: list[tuple[int | None, float | None]] = []
-    solve = checkmate.runtime.cached_solve
+    solve = checkmate.planning.cached_solve
 
     def spy(graph: Any, budget: Any, *args: Any, **kwargs: Any) -> Any:
         searched.append((budget.nbytes, kwargs.get("time_limit")))
         return solve(graph, budget, *args, **kwargs)
 
-    monkeypatch.setattr(checkmate.runtime, "cached_solve", spy)
+    monkeypatch.setattr(checkmate.planning, "cached_solve", spy)
     return searched
 
 
@@ -204,10 +205,9 @@ def test_budget_min_plans_in_one_call(name: str) -> None:
 def test_an_infeasible_budget_says_what_was_held_beside_the_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     # inside DDP's forward the gradient buckets are taken off the budget: the bytes the error
     # names are the graph's own, and a note says where the rest of the budget went
-    import checkmate.runtime
 
     monkeypatch.setenv("CHECKMATE_CACHE", "0")
-    monkeypatch.setattr(checkmate.runtime, "ddp_reserve", lambda: 3 << 20)
+    fake_ddp_reserve(monkeypatch, 3 << 20)
     torch.manual_seed(0)
     opt = checkmate.optimize(SmallCNN(8, 2).train(), 0.6, time_limit=2)
     with pytest.raises(InfeasibleBudgetError) as caught:
@@ -223,10 +223,9 @@ def test_an_infeasible_byte_budget_names_the_budget_that_fits_in_the_users_terms
     # the error's figures are the graph's own bytes, the reserve beside it taken off: a user
     # passing the least peak it named was refused again. The note names the budget to pass,
     # and what was held (only what was: not FSDP2's parameters in a DDP run)
-    import checkmate.runtime
 
     monkeypatch.setenv("CHECKMATE_CACHE", "0")
-    monkeypatch.setattr(checkmate.runtime, "ddp_reserve", lambda: 3 << 20)
+    fake_ddp_reserve(monkeypatch, 3 << 20)
     x = torch.randn(8, 3, 16, 16)
     torch.manual_seed(0)
     opt = checkmate.optimize(SmallCNN(8, 2).train(), (3 << 20) + (40 << 10), time_limit=2)
@@ -286,10 +285,9 @@ def test_an_infeasible_byte_budget_with_a_reserve_and_a_loss_outside_names_one_b
 ) -> None:
     # both notes named a budget to pass: the reserve's without room for the loss, then the
     # one in all. Only the one in all is left, and it counts the reserve
-    import checkmate.runtime
 
     monkeypatch.setenv("CHECKMATE_CACHE", "0")
-    monkeypatch.setattr(checkmate.runtime, "ddp_reserve", lambda: 1 << 20)
+    fake_ddp_reserve(monkeypatch, 1 << 20)
     torch.manual_seed(0)
     base = TinyTransformer(512, 64, 2)
     x = torch.randint(0, 512, (8, 64))
@@ -324,10 +322,9 @@ def test_an_infeasible_fraction_settled_with_the_step_says_what_was_held_and_the
     # raised when the step's forward returns (a graph break followed the graph): the note on
     # what was held beside it was missing, and the least peak's fraction it named (of the
     # graph's keep-all peak) failed again, DDP's buckets taken off it once more
-    import checkmate.runtime
 
     monkeypatch.setenv("CHECKMATE_CACHE", "0")
-    monkeypatch.setattr(checkmate.runtime, "ddp_reserve", lambda: 1 << 20)
+    fake_ddp_reserve(monkeypatch, 1 << 20)
     x = torch.randn(8, 3, 16, 16)
     torch.manual_seed(0)
     opt = checkmate.optimize(_BrokenCNN().train(), 0.6, time_limit=2)

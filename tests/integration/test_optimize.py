@@ -281,12 +281,12 @@ def test_bad_arguments_raise_before_any_tracing(
 def test_the_keep_all_peak_is_simulated_once_per_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     """The planner simulates each graph's keep-all peak once and hands it down inside the
     Budget: neither the plan cache nor the solver's front door simulates it again."""
-    import checkmate.runtime
+    import checkmate.planning
     import solvers.api
 
     monkeypatch.setenv("CHECKMATE_CACHE", "0")
     sims: list[int] = []
-    for mod in (checkmate.runtime, solvers.api):
+    for mod in (checkmate.planning, solvers.api):
         real = mod.keep_all_peak
         monkeypatch.setattr(mod, "keep_all_peak", lambda g, real=real: sims.append(g.n) or real(g))
 
@@ -572,14 +572,18 @@ def test_a_forward_set_on_the_instance_is_the_one_planned_and_copies_keep_it() -
     _step(opt, x)  # plans
     _zero(model)
     measured = measure_peak(lambda: _step(opt, x))
-    assert len(plans_of(opt)) == 1 and plans_of(opt)[0].recomputes > 0
+    # one forward planned: the instance's. A second plan may follow it, of the same forward with
+    # the logits the loop dropped before its backward (its plan recomputing more than
+    # DROP_WORTH: where a loaded machine's solver stopped at its time limit with a costlier one)
+    held = [r for r in plans_of(opt) if not r.joint.dropped]
+    assert len(held) == 1 and held[0].recomputes > 0, plans_of(opt)
     assert measured <= 1.05 * budget, f"{measured / budget:.3f}x the budget"
     assert opt(x).dtype == torch.float32 and any(n.dtype == torch.bfloat16 for n in _outputs_of_mm(opt, x))
     for g, e in zip(_grads(model), expected):
         assert torch.equal(g, e)
     twin = copy.deepcopy(opt)  # an EMA model: its own parameters, the same forward
     _step(twin, x)
-    assert len(plans_of(twin)) == 1
+    assert len([r for r in plans_of(twin) if not r.joint.dropped]) == 1, plans_of(twin)
     for g, e in zip(_grads(twin), expected):
         assert torch.equal(g, e)
 

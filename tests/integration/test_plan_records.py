@@ -22,6 +22,7 @@ from checkmate.memory import measure_peak  # noqa: E402
 from checkmate.paging import page_out  # noqa: E402
 from solvers.budget import format_bytes  # noqa: E402
 from tests.integration import _models as M  # noqa: E402
+from tests.integration._dist import fake_ddp_reserve  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -159,7 +160,7 @@ def test_poet_plan_pages_saved_values_and_keeps_eager_gradients(monkeypatch: pyt
 
 
 def test_cache_status_says_pinned_only_for_a_plan_from_the_users_file(tmp_path: Path) -> None:
-    from checkmate.runtime import _cache_status
+    from checkmate.planning import _cache_status
     from solvers.result import SolveResult, Status
 
     mine = tmp_path / "p.json"
@@ -178,10 +179,9 @@ def test_a_graphs_share_of_a_byte_budget_says_what_was_asked(monkeypatch: pytest
     """A graph planned at less than the byte budget given (the rest left to what the step holds
     beside it: here DDP's buckets) says so: its line read as the user's budget, cut for no
     reason ("budget 37.00 MiB" where 40 MiB were asked). Under a fraction it names none."""
-    import checkmate.runtime
 
     monkeypatch.setenv("CHECKMATE_CACHE", "0")
-    monkeypatch.setattr(checkmate.runtime, "ddp_reserve", lambda: 3 << 20)
+    fake_ddp_reserve(monkeypatch, 3 << 20)
     torch.manual_seed(0)
     x = torch.randn(64, 128)
     opt = checkmate.optimize(M.MLP(128, 4).train(), 40 << 20, time_limit=5)
@@ -190,7 +190,7 @@ def test_a_graphs_share_of_a_byte_budget_says_what_was_asked(monkeypatch: pytest
     assert rec.budget is not None and rec.budget <= 37 << 20 and rec.step_budget == 40 << 20
     share = f"budget {format_bytes(rec.budget)} of the 40.00 MiB asked, the rest left beside it ("
     assert share in rec.summary(), rec.summary()
-    monkeypatch.setattr(checkmate.runtime, "ddp_reserve", lambda: 0)
+    fake_ddp_reserve(monkeypatch, 0)
     frac = checkmate.optimize(M.MLP(128, 4).train(), 1.0, time_limit=5)
     _step(frac, x)
     (rec,) = plans_of(frac)

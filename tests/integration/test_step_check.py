@@ -23,7 +23,7 @@ from torch import nn  # noqa: E402
 import checkmate  # noqa: E402
 from checkmate.api import _PATH_TRIES, _PROFILED_CALLS, plans_of  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
-from checkmate.runtime import OverheadWarning, _held_bytes  # noqa: E402
+from checkmate.planner_common import OverheadWarning, _held_bytes  # noqa: E402
 from checkmate.stepcheck import STEP_SLACK  # noqa: E402
 from solvers import Graph, Schedule  # noqa: E402
 from solvers.boundary import boundary_hold  # noqa: E402
