@@ -70,7 +70,7 @@ from checkmate.step_budget import LATE_ZERO, LATE_ZERO_ADVICE, SPLIT_SLACK, repe
 from checkmate.stepcheck import STEP_SLACK, StepWindow, abort_windows, open_window, users_profiler
 from checkmate.uncaptured import break_reasons, dynamo_failures, uncaptured
 from solvers.budget import BudgetSpec, format_bytes, parse_budget
-from solvers.errors import CheckmateError, TraceError
+from solvers.errors import CheckmateError, InfeasibleBudgetError, TraceError
 from solvers.strategies import check_options
 
 __all__ = ["optimize", "plans_of", "disabled", "CheckmateState", "UnplannedWarning"]
@@ -635,12 +635,37 @@ def _warn_if_checkpointing(module: nn.Module, state: CheckmateState, captured: b
     if captured:
         return
     warnings.warn(
-        f"{type(module).__name__} has Hugging Face gradient checkpointing on (in {type(on).__name__}), "
-        "and torch.compile captured none of its checkpointed layers in the step's graphs: checkmate plans "
-        "the pieces of the step around them, the pieces together may exceed the budget, and every layer "
-        f"is recomputed besides what the plan recomputes. {_CHECKPOINTING_OFF}",
+        f"{_checkpointing_uncaptured(module, on)}: checkmate plans the pieces of the step around them, the "
+        "pieces together may exceed the budget, and every layer is recomputed besides what the plan "
+        f"recomputes. {_CHECKPOINTING_OFF}",
         BudgetWarning,
         stacklevel=caller_level(),
+    )
+
+
+def _note_if_checkpointing(
+    module: nn.Module, state: CheckmateState, exc: BaseException, captured: bool
+) -> None:
+    """On an :class:`InfeasibleBudgetError` the step's compile raised: where Hugging Face
+    gradient checkpointing is on in ``module`` and the graphs compiled hold none of its regions
+    (``captured`` False), a note saying so. The layers ran eagerly, outside the plans, so the
+    graph that could not meet the budget is one of the pieces around them (a Llama trained by
+    the ``Trainer`` with ``gradient_checkpointing=True``, at a fraction of 0.5: its loss
+    graph), and the fix is turning the checkpointing off, not raising the budget."""
+    on = _hf_checkpointing(module)
+    if captured or on is None or not isinstance(exc, InfeasibleBudgetError):
+        return
+    state.warned_checkpointing = True
+    exc.add_note(
+        f"{_checkpointing_uncaptured(module, on)}: they ran eagerly, outside every plan, and the graph that "
+        f"cannot meet the budget is one of the pieces of the step around them. {_CHECKPOINTING_OFF}"
+    )
+
+
+def _checkpointing_uncaptured(module: nn.Module, on: nn.Module) -> str:
+    return (
+        f"{type(module).__name__} has Hugging Face gradient checkpointing on (in {type(on).__name__}), "
+        "and torch.compile captured none of its checkpointed layers in the step's graphs"
     )
 
 
@@ -857,6 +882,7 @@ def _training_call(
         _RAISED[0] = True
         state.window_key = None
         _close_window(state)
+        _note_if_checkpointing(self, state, exc, captured=state.planner.checkpointed > checkpointed)
         # raised by the forward before a planned step's graph ran: Dynamo traced it anew, and gave
         # up on it (checkmate's own errors come from its backend, which Dynamo does not suppress)
         if (
