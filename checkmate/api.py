@@ -624,7 +624,7 @@ def _warn_if_checkpointing(module: nn.Module, state: CheckmateState, captured: b
     set) and the graphs just compiled hold none of its ``torch.utils.checkpoint`` regions
     (``captured`` False): Dynamo did not capture the checkpointed layers, so the step is
     planned as the pieces around them, and the layers are recomputed besides what the plan
-    recomputes. Captured whole (torch 2.13 with transformers 5.25), the regions' ops are
+    recomputes. Captured whole (a GPT-2's, torch 2.13 with transformers 5.25), the regions' ops are
     planned as the step's others, which the budget covers: nothing to say under a byte budget
     (a GPT-2 with it on, at 0.6 of eager's peak: 0.86x the budget), and under a fraction the
     planner's warning (:data:`checkmate.planning.CHECKPOINTED`) says what the fraction is of."""
@@ -656,10 +656,12 @@ def _note_if_checkpointing(
     if captured or on is None or not isinstance(exc, InfeasibleBudgetError):
         return
     state.warned_checkpointing = True
-    exc.add_note(
+    note = (
         f"{_checkpointing_uncaptured(module, on)}: they ran eagerly, outside every plan, and the graph that "
         f"cannot meet the budget is one of the pieces of the step around them. {_CHECKPOINTING_OFF}"
     )
+    if note not in exc.notes:  # the step raises the same error at every later call
+        exc.add_note(note)
 
 
 def _checkpointing_uncaptured(module: nn.Module, on: nn.Module) -> str:
