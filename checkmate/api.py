@@ -660,8 +660,7 @@ def _note_if_checkpointing(
         f"{_checkpointing_uncaptured(module, on)}: they ran eagerly, outside every plan, and the graph that "
         f"cannot meet the budget is one of the pieces of the step around them. {_CHECKPOINTING_OFF}"
     )
-    if note not in exc.notes:  # the step raises the same error at every later call
-        exc.add_note(note)
+    exc.add_note(note)
 
 
 def _checkpointing_uncaptured(module: nn.Module, on: nn.Module) -> str:
@@ -1207,9 +1206,7 @@ def _check_uncaptured(
     )
     pending = state.planner.unsettled.get(key)
     if pending:  # the step raises (a graph that cannot meet the fraction): say what else it holds
-        note = f"{what}. {cause}"
-        if note not in pending[0].error.notes:
-            pending[0].error.add_note(note)
+        pending[0].error.add_note(f"{what}. {cause}")
         return
     if state.warned_uncaptured:
         return

@@ -35,10 +35,13 @@ class CheckmateError(Exception):
     """
 
     def add_note(self, note: str, /) -> None:
-        """Appends ``note`` to the message (a line of its own), in place of ``__notes__``."""
+        """Appends ``note`` to the message (a line of its own), in place of ``__notes__``; a
+        note already there is not added again (an error raised again at a later call passes
+        through the same layers)."""
         if not isinstance(note, str):
             raise TypeError(f"a note must be a str, not {type(note).__name__}")
-        self._notes = (*self.notes, note)
+        if note not in self.notes:
+            self._notes = (*self.notes, note)
 
     def revise_notes(self, revise: Callable[[str], str], /) -> None:
         """Replaces each note by ``revise(note)`` (a later layer's figure superseding an

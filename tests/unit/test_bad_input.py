@@ -730,6 +730,8 @@ def test_an_infeasible_budget_error_pickles_with_its_fields() -> None:
     back = pickle.loads(pickle.dumps(exc))
     assert type(back) is InfeasibleBudgetError and str(back) == str(exc)
     assert str(exc).endswith("\nplanned on rank 0")  # the note is in the message a log shows
+    exc.add_note("planned on rank 0")  # a layer the error passes through again
+    assert exc.notes == ("planned on rank 0",)
     assert "\n" not in exc.one_line() and exc.one_line().endswith(" planned on rank 0")
     fields = ("budget", "minimum", "lower_bound", "reference", "exact", "notes")
     assert [getattr(back, f) for f in fields] == [getattr(exc, f) for f in fields]
