@@ -1204,9 +1204,9 @@ def _check_uncaptured(
         f"the backward, beside its plans (whose graphs hold {format_bytes(planned)} keeping every value) and "
         f"bounded by none of them"
     )
-    pending = state.planner.unsettled.get(key)
-    if pending:  # the step raises (a graph that cannot meet the fraction): say what else it holds
-        pending[0].error.add_note(f"{what}. {cause}")
+    pending = state.planner.unsettled_error()
+    if pending is not None:  # the step raises (a graph that cannot meet the fraction): say what else it holds
+        pending.add_note(f"{what}. {cause}")
         return
     if state.warned_uncaptured:
         return

@@ -184,16 +184,24 @@ class Planner(StepBudget):
         self.call = []
         self.ran = []
         self.watch = OutputWatch()
-        self.settle()  # a step whose plan does not meet the fraction asked raises at every call
 
     def settle(self) -> None:
         """At the end of a call's forward, when every graph of its step is compiled: raise
         the :class:`InfeasibleBudgetError` of a graph planned above the fraction asked while
         the graphs after it were unknown (see :meth:`partition`), when none of them was at
-        least twice its size. It is raised at every later call of the step too."""
-        pending = self.unsettled.get(self.step)
-        if pending:
-            raise pending[0].error
+        least twice its size. It is raised at every later call of the step that runs that
+        graph; a call that runs other graphs instead (the user changed the model, say turned
+        its gradient checkpointing off as the error's note advises, and Dynamo compiled the
+        step anew) is judged by those."""
+        error = self.unsettled_error()
+        if error is not None:
+            raise error
+
+    def unsettled_error(self) -> InfeasibleBudgetError | None:
+        """The error :meth:`settle` raises at the end of this call, if any: that of the first
+        graph of the step planned above the fraction asked, unsettled, that ran in the call."""
+        ran = set(self.ran)
+        return next((u.error for u in self.unsettled.get(self.step, ()) if u.index in ran), None)
 
     def finish_call(self) -> None:
         """When a call's forward has returned: a graph of it planned with a guessed room for

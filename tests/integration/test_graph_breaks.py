@@ -642,7 +642,8 @@ def test_a_fraction_a_piece_around_uncaptured_hugging_face_checkpointing_cannot_
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).train()
     ref = copy.deepcopy(model)
-    opt = checkmate.optimize(model, 0.5, time_limit=5)
+    # 0.7: the whole step's least peak is 65% of keeping every value, the loss graph's 99.5%
+    opt = checkmate.optimize(model, 0.7, time_limit=5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # transformers renames it
         model.gradient_checkpointing_enable()
@@ -658,10 +659,7 @@ def test_a_fraction_a_piece_around_uncaptured_hugging_face_checkpointing_cannot_
         assert sum("captured none of its checkpointed layers" in n for n in again.value.notes) == 1
     else:  # Dynamo captured the layers (another torch or transformers), or every piece fitted
         pytest.skip("no piece of the step failed the fraction with this torch and transformers")
-    model.gradient_checkpointing_disable()  # as the note says: the step is captured, and planned
-    # a step that raised so raises at every call: optimized again, at a fraction its whole graph
-    # can meet (its least peak is 65% of keeping every value)
-    opt = checkmate.optimize(model, 0.7, time_limit=5)
+    model.gradient_checkpointing_disable()  # as the note says: the same step, captured and planned
     model.zero_grad(set_to_none=True)
     opt(input_ids=ids, labels=ids).loss.backward()
     ref(input_ids=ids, labels=ids).loss.backward()
