@@ -87,7 +87,7 @@ def capture_joint(model: torch.nn.Module, inputs: Sequence[Any]) -> list[tuple[t
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import default_partition
 
-    from checkmate.api import _own_function, _recompile_limits
+    from checkmate.compiling import _own_function, _recompile_limits
 
     graphs: list[tuple[torch.fx.GraphModule, int]] = []
 

@@ -25,7 +25,7 @@ from torch import nn
 from checkmate.planner_common import OverheadWarning
 
 if TYPE_CHECKING:
-    from checkmate.api import CheckmateState
+    from checkmate.module_state import CheckmateState
 
 
 def caller_level() -> int:

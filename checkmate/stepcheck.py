@@ -30,7 +30,7 @@ after the block is measured at a later call. Inside a profiler the user started
 ``schedule``, at a step outside its warmup and active steps. A step over the budget has the
 module planned again with the excess as room (:mod:`checkmate.api`), and warns when that
 does not fit either. A signature measured within the budget is measured again at its 64th,
-128th and 256th calls, then every 256 (:func:`checkmate.api._due_again`): what runs outside
+128th and 256th calls, then every 256 (:func:`checkmate.measuring._due_again`): what runs outside
 the module can grow after its first measure (an auxiliary loss switched on after a warm-up,
 which ran a language model at 1.22x its budget from then on, unwarned, while each signature
 was measured once).

@@ -50,6 +50,6 @@ def _no_step_measured_across_tests() -> Iterator[None]:
     closed its window: checkmate.stepcheck) is dropped unjudged when the test ends: its
     verdict, and a profiler it runs, must not land in the next test."""
     yield
-    api = sys.modules.get("checkmate.api")
-    if api is not None:
-        api._close_windows_at_exit()
+    measuring = sys.modules.get("checkmate.measuring")
+    if measuring is not None:
+        measuring._close_windows_at_exit()

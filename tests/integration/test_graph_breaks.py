@@ -941,12 +941,12 @@ def test_an_autograd_graph_the_count_cannot_read_does_not_fail_the_step(
 ) -> None:
     # the count is a diagnosis: a node type it cannot read (a library's own autograd nodes)
     # leaves the step planned and run as before, unwarned
-    import checkmate.api as api
+    import checkmate.call_checks as call_checks
 
     def unreadable(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("an autograd node it cannot read")
 
-    monkeypatch.setattr(api, "uncaptured", unreadable)
+    monkeypatch.setattr(call_checks, "uncaptured", unreadable)
     tok, lengths, y = _tagger_batch()
     torch.manual_seed(0)
     model = PackedTagger()

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 import checkmate
-from checkmate.api import _STATE, _compile_again
+from checkmate.compiling import _compile_again
+from checkmate.module_state import _STATE
 from tests.integration import _models as M
 
 pytestmark = pytest.mark.torch

@@ -21,7 +21,8 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 import checkmate  # noqa: E402
-from checkmate.api import _PATH_TRIES, _PROFILED_CALLS, plans_of  # noqa: E402
+from checkmate.api import plans_of  # noqa: E402
+from checkmate.measuring import _PATH_TRIES, _PROFILED_CALLS  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
 from checkmate.planner_common import OverheadWarning, _held_bytes  # noqa: E402
 from checkmate.stepcheck import STEP_SLACK  # noqa: E402
@@ -680,7 +681,7 @@ def test_room_given_back_where_no_plan_leaves_it_at_the_boundary_is_left_beside_
 def test_steps_measured_again_thin_out() -> None:
     # at powers of two from REMEASURE_FROM, then every REMEASURE_EVERY calls: a few measures
     # early, where loops change (a warm-up ends), and one per REMEASURE_EVERY steps after
-    from checkmate.api import REMEASURE_EVERY, REMEASURE_FROM, _due_again
+    from checkmate.measuring import REMEASURE_EVERY, REMEASURE_FROM, _due_again
 
     due = [n for n in range(1, 3 * REMEASURE_EVERY + 1) if _due_again(n)]
     doublings = (REMEASURE_EVERY // REMEASURE_FROM).bit_length()
@@ -694,7 +695,7 @@ def test_a_step_due_to_be_measured_again_inside_a_profiler_of_the_users_waits_wi
     # a loop that profiles a stretch of steps after the first measure (torch.profiler around
     # steps 4-40): the measures due in it (at calls 4, 8, 16 and 32 here) are skipped to their
     # next count, not taken for steps no profiler-free call measures, which warn after 16 calls
-    import checkmate.api
+    import checkmate.measuring
     from checkmate.runtime import Planner
 
     measured: list[int] = []
@@ -705,7 +706,7 @@ def test_a_step_due_to_be_measured_again_inside_a_profiler_of_the_users_waits_wi
         return check_step(self, step, peak, *rest, **kwargs)
 
     monkeypatch.setattr(Planner, "check_step", spy)
-    monkeypatch.setattr(checkmate.api, "REMEASURE_FROM", 4)
+    monkeypatch.setattr(checkmate.measuring, "REMEASURE_FROM", 4)
     x, y, model, _, opt = _optimized(1024, 0.8)
     sgd = torch.optim.SGD(model.parameters(), lr=0.0)
     state = opt.__dict__["_checkmate_state"]
@@ -725,10 +726,10 @@ def test_a_step_due_to_be_measured_again_inside_a_profiler_of_the_users_waits_wi
         )
         before = len(measured)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
-            for _ in range(checkmate.api._PROFILED_CALLS + 21):
+            for _ in range(checkmate.measuring._PROFILED_CALLS + 21):
                 step()
         assert len(measured) == before and key in state.stepped and not state.again and not state.profiled
-        while not checkmate.api._due_again(state.step_calls[key] + 1):
+        while not checkmate.measuring._due_again(state.step_calls[key] + 1):
             step()
         step()  # due: measured, outside the profiler
     assert len(measured) == before + 1 and key in state.stepped and state.planner.fitted == {key}
@@ -742,10 +743,10 @@ def test_a_step_measured_within_the_budget_is_measured_again_and_planned_for_a_l
     # backward). Its step was measured once, within the budget, and from the change on it ran at
     # 1.22x the budget, unwarned. Measured again (at the 4th call, 8th, ... here), the step over
     # it is warned of and compiled again with room for the loss, and the steps after fit
-    import checkmate.api
+    import checkmate.measuring
 
     monkeypatch.setenv("CHECKMATE_CACHE", "0")
-    monkeypatch.setattr(checkmate.api, "REMEASURE_FROM", 4)
+    monkeypatch.setattr(checkmate.measuring, "REMEASURE_FROM", 4)
     torch.manual_seed(0)
     base = TinyTransformer(2048, 64, 2)
     x = torch.randint(0, 2048, (8, 64))

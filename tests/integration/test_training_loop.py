@@ -21,9 +21,10 @@ import torch
 from torch import nn
 
 import checkmate
-from checkmate.api import _STATE, _signature
+from checkmate.compiling import _signature
 from checkmate.families import AHEAD_COST, FALLBACK, plan_ahead
 from checkmate.memory import measure_peak
+from checkmate.module_state import _STATE
 from checkmate.runtime import Planner
 from solvers.cost_bounds import recompute_lower_bound
 from tests.integration import _models as M

@@ -187,7 +187,7 @@ def test_other_modules_past_dynamos_recompile_limit_leave_the_step_planned_or_sa
         [sys.executable, "-c", _RECOMPILE_LIMIT_SCRIPT], cwd=root, capture_output=True, text=True, timeout=600
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    from checkmate.api import _ISOLATED
+    from checkmate.compiling import _ISOLATED
 
     if _ISOLATED:
         assert "plans 1" in run.stdout and "warning" not in run.stdout, run.stdout
@@ -221,8 +221,10 @@ def low_recompile_limits(monkeypatch: pytest.MonkeyPatch) -> Any:
     from torch._dynamo.utils import counters
 
     import checkmate.api
+    import checkmate.compiling
 
-    monkeypatch.setattr(checkmate.api, "RECOMPILE_LIMIT", 2)
+    for module in (checkmate.api, checkmate.compiling):  # the limit, and the message naming it
+        monkeypatch.setattr(module, "RECOMPILE_LIMIT", 2)
     monkeypatch.setitem(counters, "unimplemented", collections.Counter(counters["unimplemented"]))
     with torch._dynamo.config.patch(recompile_limit=2, accumulated_recompile_limit=2):
         yield
@@ -231,7 +233,7 @@ def low_recompile_limits(monkeypatch: pytest.MonkeyPatch) -> Any:
 @pytest.mark.usefixtures("low_recompile_limits")
 def test_past_the_recompile_limit_a_new_shape_is_an_error_not_an_unplanned_step() -> None:
     # past its limit Dynamo would run the step eagerly with no budget: checkmate makes it an
-    # error (the limit is raised to checkmate.api.RECOMPILE_LIMIT for its own calls only)
+    # error (the limit is raised to checkmate.compiling.RECOMPILE_LIMIT for its own calls only)
     opt = checkmate.optimize(_mlp(), 0.6, time_limit=TIME_LIMIT)
     for n in (64, 48):
         _step(opt, torch.randn(n, 32))
@@ -246,16 +248,16 @@ def test_past_the_recompile_limit_a_new_shape_is_an_error_not_an_unplanned_step(
 def test_a_step_of_a_known_shape_leaves_dynamos_config_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     # every config write marks Dynamo's config hash stale (about 70 us a step on CPU): the
     # limits are raised only for calls that may compile (a new shape), not at every step
-    import checkmate.api
+    import checkmate.compiling
 
     entered: list[int] = []
-    real = checkmate.api._recompile_limits
+    real = checkmate.compiling._recompile_limits
 
     def counted() -> Any:
         entered.append(1)
         return real()
 
-    monkeypatch.setattr(checkmate.api, "_recompile_limits", counted)
+    monkeypatch.setattr(checkmate.compiling, "_recompile_limits", counted)
     opt = checkmate.optimize(_mlp(), 0.6, time_limit=TIME_LIMIT)
     _step(opt, torch.randn(64, 32))
     assert len(entered) == 1  # the first call compiles, under the raised limits

@@ -21,8 +21,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.graph import _BoxedCodeGen
 
 import checkmate
-from checkmate.api import _STATE
 from checkmate.memory import MemoryTracker, measure_peak
+from checkmate.module_state import _STATE
 from checkmate.tangents import fold_zeros, unread_tangents
 
 pytestmark = pytest.mark.torch
