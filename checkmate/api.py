@@ -177,7 +177,7 @@ def optimize(
             random numbers; the plan is made with the compiled step's costs). ``"aot"`` is
             the default because its measured peak follows the plan, with no compile to wait
             for; under Inductor the plan's simulated peak is not the step's (see
-            ``check_peak`` and the README, "Compilers").
+            ``check_peak`` and docs/compilers.md).
         check_peak: with ``compiler="inductor"``, compile each plan's halves and run them
             once on the step's shapes before training, measure their peak with the allocator,
             and replan until it is within the budget and uses most of it (at most three

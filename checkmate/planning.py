@@ -467,7 +467,7 @@ class GraphPlanning(PlannerState):
 
         # Inductor runs a matrix product added to a tensor as one addmm where the sum is:
         # folded into the sum (checkmate.trace.into_addmm). Generated ops are not folded
-        # (README, "Compilers": it needs horizontal fusions that break the plan's peak)
+        # (docs/compilers.md: it needs horizontal fusions that break the plan's peak)
         fuse = _fold_nothing_else if compiler == "inductor" else None
         saving: Callable[[fx.Node], float] | None = None
         if compiler == "inductor" and fusion.CHARGE_SAVES:  # a fused value written only to be saved

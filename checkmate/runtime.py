@@ -81,8 +81,8 @@ __all__ = ["COMPILERS", "BudgetWarning", "OverheadWarning", "PlanRecord", "Plann
 
 
 #: what compiles the planned forward and backward: ``"aot"`` runs them as fx modules,
-#: ``"inductor"`` compiles them with Inductor (see the module docstring and the README,
-#: "Compilers")
+#: ``"inductor"`` compiles them with Inductor (see the module docstring and
+#: docs/compilers.md)
 COMPILERS = ("aot", "inductor")
 
 
