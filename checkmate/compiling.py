@@ -10,6 +10,7 @@ import os
 import random
 import re
 import types
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -18,6 +19,8 @@ import torch
 from torch import nn
 
 from checkmate.module_state import CheckmateState
+from checkmate.planner_common import OverheadWarning
+from checkmate.recompiles import caller_level
 from checkmate.runtime import Planner, log
 from solvers.errors import CheckmateError, TraceError
 
@@ -234,6 +237,7 @@ def _compiled_call(
     """``state.compiled(*args, **kwargs)``, under :func:`_recompile_limits` where ``limits``
     (a call that may compile: a new input signature, or :func:`_near_limit`), its failures
     as checkmate's errors."""
+    marks = _take_marks(state, args, kwargs)
     try:
         with _hook_guards():
             if not limits:
@@ -269,6 +273,63 @@ def _compiled_call(
             "construct (data-dependent Python control flow, .item(), prints) or pass "
             "fullgraph=False to plan each captured piece separately"
         ) from exc
+    finally:
+        _put_marks(marks)
+
+
+#: what ``torch._dynamo.mark_dynamic`` and its kin set on a tensor, and Dynamo guards on: the
+#: marks that make a dimension dynamic first (a static compile of them raises), then those that
+#: do not (``maybe_mark_dynamic``, ``mark_static``), then their companions and the flag that
+#: says a tensor has any
+_DYNAMIC_MARKS = ("_dynamo_dynamic_indices", "_dynamo_unbacked_indices", "_dynamo_strict_unbacked_indices")
+_DIM_MARKS = (
+    *_DYNAMIC_MARKS,
+    "_dynamo_weak_dynamic_indices",
+    "_dynamo_static_indices",
+    "_dynamo_dynamic_range",
+    "_dynamo_unbacked_bounds",
+    "_dynamo_shape_ids",
+    "_dynamo_hint_overrides",
+    "_has_dynamo_dim_marking",
+)
+
+
+def _take_marks(state: CheckmateState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """Take the dimension marks of ``torch._dynamo.mark_dynamic`` and its kin off the call's
+    input tensors, for :func:`_put_marks` to put back after the call; the first time one marks
+    a dimension dynamic, an :class:`~checkmate.OverheadWarning`. checkmate compiles every
+    input shape statically (``dynamic=False``; a new shape runs a plan made for another where
+    it fits): a dimension marked dynamic and specialized so made Dynamo raise
+    ``ConstraintViolationError`` at every call, after the step's graphs were planned (an MLP
+    given batches marked dynamic in dimension 0: three shapes planned, none run)."""
+    taken: list[tuple[torch.Tensor, dict[str, Any]]] = []
+    for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(leaf, torch.Tensor) and (
+            hasattr(leaf, "_has_dynamo_dim_marking") or any(hasattr(leaf, m) for m in _DYNAMIC_MARKS)
+        ):
+            marks = {m: getattr(leaf, m) for m in _DIM_MARKS if hasattr(leaf, m)}
+            for m in marks:
+                delattr(leaf, m)
+            taken.append((leaf, marks))
+    dims = sorted({d for _, marks in taken for m in _DYNAMIC_MARKS for d in marks.get(m, ())})
+    if dims and not state.warned_dynamic:
+        state.warned_dynamic = True
+        warnings.warn(
+            f"inputs of this optimized module are marked dynamic (torch._dynamo.mark_dynamic, dimension(s) "
+            f"{', '.join(map(str, dims))}): checkmate compiles and plans each input shape statically, a new "
+            "shape reusing a plan made for another where it fits, so the marks are ignored for its calls. Pad "
+            "inputs to a few shapes to keep the compiles few",
+            OverheadWarning,
+            stacklevel=caller_level(),
+        )
+    return taken
+
+
+def _put_marks(taken: list[Any]) -> None:
+    """Put back the marks :func:`_take_marks` took."""
+    for leaf, marks in taken:
+        for m, value in marks.items():
+            setattr(leaf, m, value)
 
 
 def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:

@@ -60,6 +60,8 @@ class CheckmateState:
             were not (:func:`_warn_if_checkpointing`).
         warned_uncaptured: a compiled step ran a large part of its forward eagerly, outside
             every captured graph, and a warning said so (:func:`_check_uncaptured`).
+        warned_dynamic: an input marked dynamic was compiled at its static shape, and a
+            warning said so (:func:`~checkmate.compiling._take_marks`).
         outside_ddp: input signatures compiled outside a DDP forward (planned without DDP's
             gradient buckets): run inside one, the step is compiled and planned again.
         settings: the arguments of the :func:`optimize` call (its budget among them).
@@ -102,6 +104,7 @@ class CheckmateState:
     warned_unmeasured: bool = False
     warned_checkpointing: bool = False
     warned_uncaptured: bool = False
+    warned_dynamic: bool = False
     window: StepWindow | None = None
     window_key: tuple[Any, ...] | None = None
     window_calls: int = 0

@@ -230,6 +230,23 @@ def low_recompile_limits(monkeypatch: pytest.MonkeyPatch) -> Any:
         yield
 
 
+def test_inputs_marked_dynamic_are_planned_at_each_shape_their_marks_ignored_and_kept() -> None:
+    # checkmate compiles static shapes: a batch dimension marked dynamic (a data pipeline's
+    # torch._dynamo.mark_dynamic) was specialized, and Dynamo raised ConstraintViolationError
+    # at every call, after planning the step's graphs
+    opt = checkmate.optimize(_mlp(), 0.6, time_limit=TIME_LIMIT)
+    with pytest.warns(checkmate.OverheadWarning, match=r"marked dynamic .*dimension\(s\) 0") as caught:
+        for n in (256, 192, 128):
+            x = torch.randn(n, 32)
+            torch._dynamo.mark_dynamic(x, 0)
+            got = _step(opt, x)
+            assert x._dynamo_dynamic_indices == {0}  # the caller's marks are put back
+            for g, w in zip(got, _eager_grads(x), strict=True):
+                assert torch.equal(g, w)
+    assert sum(isinstance(w.message, checkmate.OverheadWarning) for w in caught) == 1  # once
+    assert len(checkmate.plans_of(opt)) == 3  # each shape compiled static, and planned
+
+
 @pytest.mark.usefixtures("low_recompile_limits")
 def test_past_the_recompile_limit_a_new_shape_is_an_error_not_an_unplanned_step() -> None:
     # past its limit Dynamo would run the step eagerly with no budget: checkmate makes it an
