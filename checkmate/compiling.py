@@ -303,10 +303,8 @@ def _take_marks(state: CheckmateState, args: tuple[Any, ...], kwargs: dict[str, 
     ``ConstraintViolationError`` at every call, after the step's graphs were planned (an MLP
     given batches marked dynamic in dimension 0: three shapes planned, none run)."""
     taken: list[tuple[torch.Tensor, dict[str, Any]]] = []
-    for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
-        if isinstance(leaf, torch.Tensor) and (
-            hasattr(leaf, "_has_dynamo_dim_marking") or any(hasattr(leaf, m) for m in _DYNAMIC_MARKS)
-        ):
+    for leaf in _input_tensors(args, kwargs):
+        if hasattr(leaf, "_has_dynamo_dim_marking") or any(hasattr(leaf, m) for m in _DYNAMIC_MARKS):
             marks = {m: getattr(leaf, m) for m in _DIM_MARKS if hasattr(leaf, m)}
             for m in marks:
                 delattr(leaf, m)
@@ -323,6 +321,21 @@ def _take_marks(state: CheckmateState, args: tuple[Any, ...], kwargs: dict[str, 
             stacklevel=caller_level(),
         )
     return taken
+
+
+def _input_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[torch.Tensor]:
+    """The tensors among the call's inputs and inside their lists, tuples and dicts: what
+    :func:`_take_marks` looks at every call, walked without pytree (0.6 us for one tensor, where
+    pytree took 4.9 us, on a 2-core CPU)."""
+    stack: list[Any] = [*args, *kwargs.values()]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            yield x
+        elif isinstance(x, list | tuple):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
 
 
 def _put_marks(taken: list[Any]) -> None:
