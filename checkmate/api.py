@@ -40,23 +40,18 @@ from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from checkmate.call_checks import (
-    _CHECKPOINTING_OFF,
-    _backward_hook_why,
-    _backward_hooked,
     _check_reentry,
     _check_uncaptured,
     _global_forward_hooks,
-    _hf_checkpointing,
-    _needs_grad,
     _note_if_checkpointing,
     _plan_for_runs,
-    _rnn_skipped,
     _skipped,
     _track_pending,
     _warn_calls,
     _warn_if_backpropagated,
     _warn_if_checkpointing,
     _warn_runs_found,
+    _warn_unplanned,
 )
 from checkmate.compiling import (
     RECOMPILE_LIMIT,
@@ -68,32 +63,26 @@ from checkmate.compiling import (
     _near_limit,
     _own_function,
     _rearm,
-    _recompile_limit_hit,
     _signature,
     _untouched,
 )
 from checkmate.distributed import (
     active_ddp_module,
     check_fsdp_order,
-    fsdp_gradients,
-    fsdp_params_of,
-    in_process_group,
 )
 from checkmate.measuring import (
     _CALLS,
-    _HOLDING,
     _OPEN,
     _OPT_STEPS,
     _PATH_TRIES,
     _RAISED,
-    _all_zeros,
     _called_again_inside,
     _close_window,
     _covered,
     _due_again,
-    _gradients_held,
+    _held_at_call,
     _measure_until_backward,
-    _profiled,
+    _open_measurement,
     _warn_if_zeroed_late,
     _warn_unmeasured,
 )
@@ -101,7 +90,6 @@ from checkmate.module_state import _STATE, CheckmateState, UnplannedWarning
 from checkmate.planner_common import BudgetWarning
 from checkmate.planning import UNCHECKED
 from checkmate.recompiles import (
-    caller_level,
     warn_if_numbers_vary,
     warn_if_recompiled,
     warn_if_shapes_vary,
@@ -109,9 +97,8 @@ from checkmate.recompiles import (
 from checkmate.records import PlanRecord
 from checkmate.release import release_compiled
 from checkmate.runtime import COMPILERS, Planner, log
-from checkmate.stepcheck import open_window, users_profiler
 from checkmate.uncaptured import break_reasons, dynamo_failures
-from solvers.budget import BudgetSpec, format_bytes, parse_budget
+from solvers.budget import BudgetSpec, parse_budget
 from solvers.errors import CheckmateError, TraceError
 from solvers.strategies import check_options
 
@@ -530,46 +517,7 @@ def _training_call(
     grads_held = 0
     steps_before, state.steps_at_call = state.steps_at_call, _OPT_STEPS[0]
     if state.planner.budget.nbytes is not None:
-        # gradients accumulated over earlier micro-batches stay through this step, and the budget
-        # covers gradients: a Llama (3 layers) accumulating 4 micro-batches at 0.5 of eager's
-        # peak over them stepped at 1.02x the budget, unwarned, its plans made beside none.
-        # Counted from the first call that finds them where no optimizer step came since the
-        # module's last call (that call's backward made them: the loop accumulates); found after
-        # an optimizer step, they are counted once the next optimizer step shows the loop adding
-        # to them, not freeing them before its backward (Lightning's order: grads_late)
-        if state.params is None:
-            state.params = tuple(self.parameters())
-            state.fsdp_params = fsdp_params_of(self)
-        grads = [*(p.grad for p in state.params), *fsdp_gradients(state.fsdp_params)]
-        grads_held = _gradients_held(grads)
-        if grads_held > state.planner.grads_seen and not state.accumulates:
-            if _all_zeros(grads):
-                # zeros kept by zero_grad(set_to_none=False): held through this step and every one
-                # after, added to in place (an MLP's step after the first optimizer step ran 1.12x
-                # its budget at 0.6 of eager's peak, unwarned, counted from the next step only)
-                state.accumulates = state.planner.grads_zeroed = True
-            elif steps_before == _OPT_STEPS[0]:
-                # a second micro-batch: its predecessor's gradients held through it (a Hugging Face
-                # GPT-2 accumulating two micro-batches at 0.6 of eager's peak ran its first window
-                # at 1.11x the budget, unwarned, counted from the first optimizer step on)
-                state.accumulates = True
-        if grads_held > state.planner.grads_seen and not state.accumulates:
-            _HOLDING.add(state)  # accumulating, if an optimizer step comes next
-            state.grad_probe = next(
-                ((i, weakref.ref(p.grad)) for i, p in enumerate(state.params) if p.grad is not None), None
-            )
-        elif grads_held > state.planner.grads_seen:
-            state.planner.grads_seen = state.planner.held_grads = grads_held
-            if state.planner.records:
-                log.info(
-                    "the module's parameters hold %s of %s as this step starts: compiling it again, each "
-                    "graph planned beside them",
-                    format_bytes(grads_held),
-                    "zero gradients"
-                    if state.planner.grads_zeroed
-                    else "gradients from earlier micro-batches",
-                )
-                state.recompile = True
+        grads_held = _held_at_call(self, state, steps_before)
     # under a dispatch mode (a FlopCounterMode, whose module tracker's global hooks live as long
     # as it) Dynamo runs the step eagerly: those hooks are not the step's, and the next call's
     # are compared with the ones before (an MFU logged every few steps compiled it again each time)
@@ -607,30 +555,7 @@ def _training_call(
         # were warned of twice as memory held outside the module, and compiled again)
         and state.planner.latest.get(key)
     ):
-        # the step measured whole (checkmate.stepcheck); inside measure_peak, from its events; under
-        # a profiler of the user's, at a later call. Each
-        # rank of a distributed job measures and plans again on its own: no rank waits for another
-        device = _device_of(self, args, kwargs)
-        if device.type == "cpu" and in_process_group():
-            # the CPU's measurement is a profiler, and the collectives a backward launches carry its
-            # thread-local state to gloo's threads, which report to it after it stopped: a DDP loop
-            # on one rank died of heap corruption ("free(): invalid next size") in 2 runs of 6
-            state.stepped.add(key)
-            state.unmeasurable.add(key)
-            unmeasured = not state.warned_unmeasured
-        else:
-            state.window = open_window(device)
-            state.window_calls = _CALLS[0]
-            if state.window is None and key in state.again:
-                state.stepped.add(key)  # measured again at its next count, not under a profiler of the user's
-            elif state.window is None and users_profiler():
-                _profiled(state, key)
-            state.again.discard(key)
-            if state.window is not None:
-                state.profiled.pop(key, None)
-                state.window.grads_held = grads_held
-                _OPEN.add(state)
-                weakref.finalize(state, state.window.abort)  # a module dropped mid-measurement
+        unmeasured = _open_measurement(self, state, key, args, kwargs, grads_held)
     before, checkpointed = len(state.planner.records), state.planner.checkpointed
     failures = dynamo_failures() if new_signature else None
     start = time.perf_counter()
@@ -752,39 +677,7 @@ def _training_call(
         state.eager_keys[key] = bool(fresh) and all(r.is_eager for r in fresh) and not (by_bytes or inductor)
     if state.planner.records and not state.planner.ran and len(state.planner.records) == before:
         _skipped(self, state, key, out)
-    if not state.planner.records and not state.warned_unplanned and _needs_grad(out):
-        state.warned_unplanned = True
-        if _recompile_limit_hit():
-            why = (
-                "Dynamo hit its recompile limit in this process (torch._dynamo.config.recompile_limit = "
-                f"{torch._dynamo.config.recompile_limit}), and other torch.compile'd code can use it up "
-                "for this step too (about that many compiled modules, each with its own backend, are "
-                "enough). Raise torch._dynamo.config.recompile_limit before compiling them, or call "
-                "torch._dynamo.reset() before checkmate.optimize"
-            )
-        elif hooked := _backward_hooked(self):
-            why = _backward_hook_why(hooked)
-        elif checkpointing := _hf_checkpointing(self):
-            why = (
-                f"Hugging Face gradient checkpointing is on (in {type(checkpointing).__name__}), and Dynamo runs the "
-                f"whole forward eagerly when it cannot capture a checkpointed layer (a graph break inside one). "
-                f"{_CHECKPOINTING_OFF}"
-            )
-        elif rnn := _rnn_skipped(self):
-            why = (
-                f"{rnn}, which Dynamo runs eagerly unless torch._dynamo.config.allow_rnn = True. Set it "
-                "before the first step: Dynamo then unrolls the RNN over its time steps (a graph that grows "
-                "with the sequence length), and checkmate plans that step"
-            )
-        else:
-            why = "Look for what makes Dynamo fall back (TORCH_LOGS=graph_breaks)"
-        warnings.warn(
-            f"checkmate planned nothing for {type(self).__name__}: torch.compile captured no graph "
-            "with a backward (Dynamo ran the forward eagerly), so training steps run eagerly with no "
-            f"memory bound. {why}",
-            UnplannedWarning,
-            stacklevel=caller_level(),
-        )
+    _warn_unplanned(self, state, out)
     return out
 
 

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from checkmate.compiling import _compile_again, _rearm
+from checkmate.compiling import _compile_again, _rearm, _recompile_limit_hit
 from checkmate.measuring import _grad_leaves
 from checkmate.module_state import CheckmateState, UnplannedWarning, _Pending
 from checkmate.planner_common import BudgetWarning
@@ -433,3 +433,43 @@ def _needs_grad(out: object) -> bool:
     """True when some tensor in ``out`` has a backward to run."""
     leaves = torch.utils._pytree.tree_leaves(out)
     return any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves)
+
+
+def _warn_unplanned(module: nn.Module, state: CheckmateState, out: Any) -> None:
+    """Once per module: an :class:`UnplannedWarning` where a training call planned nothing
+    (Dynamo ran its forward eagerly) and its outputs need gradients, with the likeliest cause:
+    Dynamo's recompile limit, a module backward hook, Hugging Face gradient checkpointing
+    around a graph break, an RNN Dynamo does not capture."""
+    if not state.planner.records and not state.warned_unplanned and _needs_grad(out):
+        state.warned_unplanned = True
+        if _recompile_limit_hit():
+            why = (
+                "Dynamo hit its recompile limit in this process (torch._dynamo.config.recompile_limit = "
+                f"{torch._dynamo.config.recompile_limit}), and other torch.compile'd code can use it up "
+                "for this step too (about that many compiled modules, each with its own backend, are "
+                "enough). Raise torch._dynamo.config.recompile_limit before compiling them, or call "
+                "torch._dynamo.reset() before checkmate.optimize"
+            )
+        elif hooked := _backward_hooked(module):
+            why = _backward_hook_why(hooked)
+        elif checkpointing := _hf_checkpointing(module):
+            why = (
+                f"Hugging Face gradient checkpointing is on (in {type(checkpointing).__name__}), and Dynamo runs the "
+                f"whole forward eagerly when it cannot capture a checkpointed layer (a graph break inside one). "
+                f"{_CHECKPOINTING_OFF}"
+            )
+        elif rnn := _rnn_skipped(module):
+            why = (
+                f"{rnn}, which Dynamo runs eagerly unless torch._dynamo.config.allow_rnn = True. Set it "
+                "before the first step: Dynamo then unrolls the RNN over its time steps (a graph that grows "
+                "with the sequence length), and checkmate plans that step"
+            )
+        else:
+            why = "Look for what makes Dynamo fall back (TORCH_LOGS=graph_breaks)"
+        warnings.warn(
+            f"checkmate planned nothing for {type(module).__name__}: torch.compile captured no graph "
+            "with a backward (Dynamo ran the forward eagerly), so training steps run eagerly with no "
+            f"memory bound. {why}",
+            UnplannedWarning,
+            stacklevel=caller_level(),
+        )

@@ -18,9 +18,12 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from checkmate.compiling import _device_of
 from checkmate.distributed import (
     active_ddp_module,
     fsdp_gradients,
+    fsdp_params_of,
+    in_process_group,
 )
 from checkmate.module_state import CheckmateState
 from checkmate.planner_common import LATER_ROOM, BudgetWarning, OverheadWarning
@@ -29,7 +32,7 @@ from checkmate.recompiles import (
 )
 from checkmate.runtime import log
 from checkmate.step_budget import LATE_ZERO, LATE_ZERO_ADVICE
-from checkmate.stepcheck import STEP_SLACK, StepWindow, abort_windows
+from checkmate.stepcheck import STEP_SLACK, StepWindow, abort_windows, open_window, users_profiler
 from solvers.budget import format_bytes
 
 
@@ -71,6 +74,54 @@ def _all_zeros(grads: Iterable[torch.Tensor | None]) -> bool:
             return False
         held = True
     return held
+
+
+def _held_at_call(module: nn.Module, state: CheckmateState, steps_before: int) -> int:
+    """Under a byte budget, the bytes of gradients the module's parameters hold as a training
+    call starts (:func:`_gradients_held`), and what they say of the loop: a second micro-batch
+    (accumulating: the step is compiled again, each graph planned beside them), zeros kept by
+    ``zero_grad(set_to_none=False)``, or gradients found after an optimizer step, judged at the
+    next one (``_HOLDING``). ``steps_before``: the optimizer steps counted at the module's
+    previous call."""
+    # gradients accumulated over earlier micro-batches stay through this step, and the budget
+    # covers gradients: a Llama (3 layers) accumulating 4 micro-batches at 0.5 of eager's
+    # peak over them stepped at 1.02x the budget, unwarned, its plans made beside none.
+    # Counted from the first call that finds them where no optimizer step came since the
+    # module's last call (that call's backward made them: the loop accumulates); found after
+    # an optimizer step, they are counted once the next optimizer step shows the loop adding
+    # to them, not freeing them before its backward (Lightning's order: grads_late)
+    if state.params is None:
+        state.params = tuple(module.parameters())
+        state.fsdp_params = fsdp_params_of(module)
+    grads = [*(p.grad for p in state.params), *fsdp_gradients(state.fsdp_params)]
+    grads_held = _gradients_held(grads)
+    if grads_held > state.planner.grads_seen and not state.accumulates:
+        if _all_zeros(grads):
+            # zeros kept by zero_grad(set_to_none=False): held through this step and every one
+            # after, added to in place (an MLP's step after the first optimizer step ran 1.12x
+            # its budget at 0.6 of eager's peak, unwarned, counted from the next step only)
+            state.accumulates = state.planner.grads_zeroed = True
+        elif steps_before == _OPT_STEPS[0]:
+            # a second micro-batch: its predecessor's gradients held through it (a Hugging Face
+            # GPT-2 accumulating two micro-batches at 0.6 of eager's peak ran its first window
+            # at 1.11x the budget, unwarned, counted from the first optimizer step on)
+            state.accumulates = True
+    if grads_held > state.planner.grads_seen and not state.accumulates:
+        _HOLDING.add(state)  # accumulating, if an optimizer step comes next
+        state.grad_probe = next(
+            ((i, weakref.ref(p.grad)) for i, p in enumerate(state.params) if p.grad is not None), None
+        )
+    elif grads_held > state.planner.grads_seen:
+        state.planner.grads_seen = state.planner.held_grads = grads_held
+        if state.planner.records:
+            log.info(
+                "the module's parameters hold %s of %s as this step starts: compiling it again, each "
+                "graph planned beside them",
+                format_bytes(grads_held),
+                "zero gradients" if state.planner.grads_zeroed else "gradients from earlier micro-batches",
+            )
+            state.recompile = True
+    return grads_held
 
 
 def _grad_leaves(out: Any) -> Iterator[torch.Tensor]:
@@ -206,6 +257,47 @@ def _profiled(state: CheckmateState, key: tuple[Any, ...]) -> None:
         BudgetWarning,
         stacklevel=caller_level(),
     )
+
+
+def _open_measurement(
+    module: nn.Module,
+    state: CheckmateState,
+    key: tuple[Any, ...],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    grads_held: int,
+) -> bool:
+    """Open the window that measures the call of signature ``key`` whole, to the end of its
+    backward (:func:`~checkmate.stepcheck.open_window`), where it can be: not on the CPU
+    under ``torch.distributed`` (then True: the step goes unmeasured, and the caller warns
+    where its outputs are large), and not inside a profiler of the user's (measured at a
+    later call). ``grads_held``: the gradients held as it starts, beside its plans."""
+    unmeasured = False
+    # the step measured whole (checkmate.stepcheck); inside measure_peak, from its events; under
+    # a profiler of the user's, at a later call. Each
+    # rank of a distributed job measures and plans again on its own: no rank waits for another
+    device = _device_of(module, args, kwargs)
+    if device.type == "cpu" and in_process_group():
+        # the CPU's measurement is a profiler, and the collectives a backward launches carry its
+        # thread-local state to gloo's threads, which report to it after it stopped: a DDP loop
+        # on one rank died of heap corruption ("free(): invalid next size") in 2 runs of 6
+        state.stepped.add(key)
+        state.unmeasurable.add(key)
+        unmeasured = not state.warned_unmeasured
+    else:
+        state.window = open_window(device)
+        state.window_calls = _CALLS[0]
+        if state.window is None and key in state.again:
+            state.stepped.add(key)  # measured again at its next count, not under a profiler of the user's
+        elif state.window is None and users_profiler():
+            _profiled(state, key)
+        state.again.discard(key)
+        if state.window is not None:
+            state.profiled.pop(key, None)
+            state.window.grads_held = grads_held
+            _OPEN.add(state)
+            weakref.finalize(state, state.window.abort)  # a module dropped mid-measurement
+    return unmeasured
 
 
 def _close_window(state: CheckmateState, *, called: bool = False) -> None:
