@@ -200,8 +200,11 @@ class Planner(StepBudget):
     def unsettled_error(self) -> InfeasibleBudgetError | None:
         """The error :meth:`settle` raises at the end of this call, if any: that of the first
         graph of the step planned above the fraction asked, unsettled, that ran in the call."""
+        pending = self.unsettled.get(self.step)
+        if not pending:  # every call of every step asks: no set built for nothing
+            return None
         ran = set(self.ran)
-        return next((u.error for u in self.unsettled.get(self.step, ()) if u.index in ran), None)
+        return next((u.error for u in pending if u.index in ran), None)
 
     def finish_call(self) -> None:
         """When a call's forward has returned: a graph of it planned with a guessed room for

@@ -3,6 +3,7 @@ left dangling when a file moves or a heading is renamed fails here, not in a rea
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -22,6 +23,7 @@ def _anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+@functools.cache  # read once, not once per link to it
 def _anchors(page: Path) -> set[str]:
     text = _FENCE.sub("", page.read_text(encoding="utf-8"))  # a `# comment` in a code block is no heading
     return {_anchor(h) for h in _HEADING.findall(text)}
