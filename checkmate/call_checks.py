@@ -294,7 +294,7 @@ def _global_forward_hooks() -> tuple[tuple[Any, ...], ...]:
     register_module_forward_hook``; a module tracker's), each by what its trace inlines
     (:func:`_hook_key`).
 
-    Dynamo guards on none of them, even with its module hook guards on (:func:`_hook_guards`):
+    Dynamo guards on none of them, even with its module hook guards on (:data:`~checkmate.compiling._STEP_CONFIG`):
     one registered after the step was compiled never ran (a hook halving every Tanh's output:
     the step's output and gradients were those without it), and one removed would run on. Where
     they changed since the last training call the step is compiled again."""
@@ -435,11 +435,12 @@ def _needs_grad(out: object) -> bool:
     return any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves)
 
 
-def _warn_unplanned(module: nn.Module, state: CheckmateState, out: Any) -> None:
+def _warn_unplanned(module: nn.Module, state: CheckmateState, out: Any, reasons: Sequence[str] = ()) -> None:
     """Once per module: an :class:`UnplannedWarning` where a training call planned nothing
     (Dynamo ran its forward eagerly) and its outputs need gradients, with the likeliest cause:
     Dynamo's recompile limit, a module backward hook, Hugging Face gradient checkpointing
-    around a graph break, an RNN Dynamo does not capture."""
+    around a graph break, an RNN Dynamo does not capture, or else the ``reasons`` Dynamo gave
+    in the call (:func:`~checkmate.uncaptured.break_reasons`)."""
     if not state.planner.records and not state.warned_unplanned and _needs_grad(out):
         state.warned_unplanned = True
         if _recompile_limit_hit():
@@ -463,6 +464,12 @@ def _warn_unplanned(module: nn.Module, state: CheckmateState, out: Any) -> None:
                 f"{rnn}, which Dynamo runs eagerly unless torch._dynamo.config.allow_rnn = True. Set it "
                 "before the first step: Dynamo then unrolls the RNN over its time steps (a graph that grows "
                 "with the sequence length), and checkmate plans that step"
+            )
+        elif reasons:
+            why = (
+                f"Dynamo gave up on it: {'; '.join(reasons)}. Rewrite what it names (TORCH_LOGS=graph_breaks "
+                "shows where): a graph break inside a loop makes Dynamo run the whole function eagerly, where "
+                "one outside a loop splits the step into graphs that are each planned"
             )
         else:
             why = "Look for what makes Dynamo fall back (TORCH_LOGS=graph_breaks)"

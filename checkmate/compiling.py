@@ -205,26 +205,56 @@ def _recompile_limits() -> Iterator[None]:
             setattr(cfg, k, saved[k])
 
 
-@contextmanager
-def _hook_guards() -> Iterator[None]:
-    """Dynamo's guards on module hooks installed (``skip_nnmodule_hook_guards`` False), for one
-    call of the step: every compile of it, whichever call makes it, checks the hooks it inlined.
+#: Dynamo's settings for every compile of a planned step, whichever call makes it; each is
+#: written only where it differs, and put back after the call (see :func:`_step_config`)
+_STEP_CONFIG = {
+    # Dynamo skips its guards on module hooks by default, so a hook registered on a submodule
+    # after the step was compiled, or one removed, is never seen: a forward hook zeroing a
+    # layer's output, registered after the first step, did not run, and the step's output and
+    # gradients were those without it (eager's run it). With the guards the step is compiled,
+    # and planned, again when its hooks change (a forward hook that only reads the output
+    # included); the same hook registered anew at every step compiles nothing again
+    "skip_nnmodule_hook_guards": False,
+    # sizes that depend on a tensor's values (nonzero, a boolean mask's selection): captured,
+    # they are unbacked symbols no plan can be made for (a mixture of experts routing with
+    # nonzero, captured so, raised from the planner at its first step); not captured, Dynamo
+    # breaks the graph at the op and each graph around it is planned. (A captured .item(),
+    # capture_scalar_outputs, is planned: a number the step computes with, not a size.)
+    "capture_dynamic_output_shape_ops": False,
+}
 
-    Dynamo skips those guards by default, so a hook registered on a submodule after the step
-    was compiled, or one removed, is never seen: a forward hook zeroing a layer's output,
-    registered after the first step, did not run, and the step's output and gradients were
-    those without it (eager's run it). With the guards the step is compiled, and planned, again
-    when its hooks change (a forward hook that only reads the output included); the same hook
-    registered anew at every step compiles nothing again."""
+#: the settings of :data:`_STEP_CONFIG` a user may have turned on for their own compiles
+_CAPTURES = ("capture_dynamic_output_shape_ops",)
+
+
+@contextmanager
+def _step_config(state: CheckmateState) -> Iterator[None]:
+    """:data:`_STEP_CONFIG` for one call of the step: plain attribute writes of the values
+    that differ, restored after; the first call that finds one of :data:`_CAPTURES` on (set
+    for the user's own compiles) warns once, an :class:`~checkmate.OverheadWarning`."""
     cfg = torch._dynamo.config
-    if not cfg.skip_nnmodule_hook_guards:
+    changed = {k: getattr(cfg, k) for k, v in _STEP_CONFIG.items() if getattr(cfg, k) != v}
+    if not changed:
         yield
         return
-    cfg.skip_nnmodule_hook_guards = False
+    captures = [k for k in _CAPTURES if k in changed]
+    if captures and not state.warned_captures:
+        state.warned_captures = True
+        warnings.warn(
+            f"torch._dynamo.config.{' and '.join(captures)} is on: checkmate plans sizes known before a "
+            "step runs, so this optimized module's step compiles with it off. Dynamo breaks the graph at "
+            "an op whose output size depends on tensor values (nonzero, a boolean mask's selection), and "
+            "the graphs around it are planned; the op runs eagerly between them",
+            OverheadWarning,
+            stacklevel=caller_level(),
+        )
+    for k in changed:
+        setattr(cfg, k, _STEP_CONFIG[k])
     try:
         yield
     finally:
-        cfg.skip_nnmodule_hook_guards = True
+        for k, v in changed.items():
+            setattr(cfg, k, v)
 
 
 # torch.compile(optimized) traces the frames _forward calls (its disable is not recursive, so that
@@ -239,7 +269,7 @@ def _compiled_call(
     as checkmate's errors."""
     marks = _take_marks(state, args, kwargs)
     try:
-        with _hook_guards():
+        with _step_config(state):
             if not limits:
                 return state.compiled(*args, **kwargs)
             with _recompile_limits():

@@ -62,6 +62,8 @@ class CheckmateState:
             every captured graph, and a warning said so (:func:`_check_uncaptured`).
         warned_dynamic: an input marked dynamic was compiled at its static shape, and a
             warning said so (:func:`~checkmate.compiling._take_marks`).
+        warned_captures: Dynamo's capture of data-dependent sizes was on, and is off for the
+            step's compiles, and a warning said so (:func:`~checkmate.compiling._step_config`).
         outside_ddp: input signatures compiled outside a DDP forward (planned without DDP's
             gradient buckets): run inside one, the step is compiled and planned again.
         settings: the arguments of the :func:`optimize` call (its budget among them).
@@ -105,6 +107,7 @@ class CheckmateState:
     warned_checkpointing: bool = False
     warned_uncaptured: bool = False
     warned_dynamic: bool = False
+    warned_captures: bool = False
     window: StepWindow | None = None
     window_key: tuple[Any, ...] | None = None
     window_calls: int = 0

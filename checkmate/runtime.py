@@ -67,9 +67,9 @@ from checkmate.step_budget import StepBudget
 from checkmate.stepcheck import abort_windows
 from checkmate.tangents import compiled_nodes, grad_fns
 from checkmate.timers import stage
-from checkmate.trace import JointGraph, drop_outputs_beside_loss
+from checkmate.trace import JointGraph, data_dependent_size, drop_outputs_beside_loss
 from solvers.budget import format_bytes
-from solvers.errors import HeldOutputsError, InfeasibleBudgetError
+from solvers.errors import HeldOutputsError, InfeasibleBudgetError, TraceError
 from solvers.resize import structure
 from solvers.result import SolveResult
 
@@ -316,6 +316,14 @@ class Planner(StepBudget):
             self.made_inputs = tuple(
                 isinstance(x, torch.Tensor) and x.grad_fn is not None for x in example_inputs
             )
+            if (where := data_dependent_size(gm)) is not None:
+                raise TraceError(
+                    f"the step's graph {len(self.records)} has a size that depends on tensor values, at "
+                    f"{where}: checkmate plans sizes known before the step runs. A captured .item() used "
+                    "as a size makes one: set torch._dynamo.config.capture_scalar_outputs = False (Dynamo "
+                    "then breaks the graph at the .item(), and plans the graphs around it), or compute the "
+                    "size without reading a tensor"
+                )
             before = len(self.records)
             step = inner(gm, example_inputs, **configs)
             if len(self.records) == before:  # nothing planned (no backward): not counted

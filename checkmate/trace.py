@@ -653,6 +653,27 @@ def _tensor_bytes(val: object) -> int:
     return 0
 
 
+def data_dependent_size(gm: fx.GraphModule) -> str | None:
+    """Where a Dynamo graph first holds a tensor whose size depends on tensor values (an
+    unbacked symbol: a ``.item()`` Dynamo captured, ``capture_scalar_outputs``, used as a size),
+    as the node and the user's line it was traced from; None where every size is known before
+    the step runs, as a plan needs."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    for n in gm.graph.nodes:
+        val = n.meta.get("example_value", n.meta.get("val"))
+        if isinstance(val, torch.Tensor) and free_unbacked_symbols(val):
+            lines = [
+                line.strip() for line in str(n.meta.get("stack_trace") or "").splitlines() if line.strip()
+            ]
+            at = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith("File ")), None)
+            where = (
+                "" if at is None else f" ({lines[at]}{': ' + lines[at + 1] if at + 1 < len(lines) else ''})"
+            )
+            return f"{n.name}{where}"
+    return None
+
+
 def build_graph(
     gm: fx.GraphModule,
     num_fwd_outputs: int,

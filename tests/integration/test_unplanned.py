@@ -247,6 +247,107 @@ def test_inputs_marked_dynamic_are_planned_at_each_shape_their_marks_ignored_and
     assert len(checkmate.plans_of(opt)) == 3  # each shape compiled static, and planned
 
 
+class _Selected(nn.Module):
+    """An MLP whose second half reads only the rows its first half selects: a boolean mask,
+    whose output size depends on the values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = MLP(32, 6), MLP(10, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.b(h[h[:, 0] > 0])
+
+
+def test_sizes_that_depend_on_values_captured_for_the_users_compiles_are_not_for_the_step() -> None:
+    # with Dynamo's capture of data-dependent output sizes on (set for the user's own
+    # torch.compile), the mask's selection came into the joint graph as an unbacked size, and
+    # the planner raised a TraceError at the first step ("Could not guard on data-dependent
+    # expression"): the step compiles with it off, and the graphs around the mask are planned
+    x = torch.randn(256, 32)
+    want = _step(_Selected(), x)
+    opt = checkmate.optimize(_Selected(), 0.6, time_limit=TIME_LIMIT)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        with pytest.warns(
+            checkmate.OverheadWarning, match="capture_dynamic_output_shape_ops is on"
+        ) as caught:
+            for _ in range(2):
+                got = _step(opt, x)
+                for g, w in zip(got, want, strict=True):
+                    assert torch.equal(g, w)
+        assert torch._dynamo.config.capture_dynamic_output_shape_ops  # the user's setting, kept
+    assert sum(isinstance(w.message, checkmate.OverheadWarning) for w in caught) == 1
+    assert len(checkmate.plans_of(opt)) == 2  # the graphs before and after the mask
+    assert all(r.recomputes for r in checkmate.plans_of(opt))
+
+
+def test_a_captured_item_used_as_a_size_is_an_error_that_names_the_line_and_the_setting() -> None:
+    # capture_scalar_outputs (the user's): a .item() the step computes with is captured and
+    # planned in one graph; one used as a size made an unbacked size the planner raised on
+    # ("Could not guard on data-dependent expression ... report it with the model")
+    class Counted(nn.Module):
+        def __init__(self, as_size: bool) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.a, self.b, self.as_size = MLP(32, 6), MLP(10, 6), as_size
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.a(x)
+            if self.as_size:
+                return self.b(h[: int((h[:, 0] > 0).sum().item())])
+            return self.b(h * h.abs().mean().item())
+
+    x = torch.randn(256, 32)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        opt = checkmate.optimize(Counted(as_size=False), 0.6, time_limit=TIME_LIMIT)
+        for g, w in zip(_step(opt, x), _step(Counted(as_size=False), x), strict=True):
+            assert torch.equal(g, w)
+        assert len(checkmate.plans_of(opt)) == 1  # the number captured: one graph
+        opt = checkmate.optimize(Counted(as_size=True), 0.6, time_limit=TIME_LIMIT)
+        with pytest.raises(
+            checkmate.TraceError,
+            match=r"depends on tensor values, at .*test_unplanned\.py.*capture_scalar_outputs = False",
+        ):
+            _step(opt, x)
+    opt = checkmate.optimize(Counted(as_size=True), 0.6, time_limit=TIME_LIMIT)  # as the error says
+    for g, w in zip(_step(opt, x), _step(Counted(as_size=True), x), strict=True):
+        assert torch.equal(g, w)
+    assert len(checkmate.plans_of(opt)) == 2
+
+
+def test_a_forward_dynamo_gives_up_on_is_warned_with_the_reason_it_gave() -> None:
+    # mixture-of-experts layers routing with nonzero inside their loop over layers: Dynamo
+    # breaks the graph inside a loop, so it runs the whole forward eagerly; the warning said
+    # only "look for what makes Dynamo fall back", and now names the op
+    class Routed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gates = nn.ModuleList(nn.Linear(32, 2) for _ in range(2))
+            self.experts = nn.ModuleList(nn.ModuleList(nn.Linear(32, 32) for _ in range(2)) for _ in range(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for gate, experts in zip(self.gates, self.experts, strict=True):
+                top = gate(x).argmax(-1)
+                out = torch.zeros_like(x)
+                for i, expert in enumerate(experts):
+                    idx = (top == i).nonzero().squeeze(-1)
+                    out = out.index_add(0, idx, expert(x[idx]).relu())
+                x = x + out
+            return x
+
+    torch.manual_seed(0)
+    model = Routed()
+    opt = checkmate.optimize(copy.deepcopy(model), 0.6, time_limit=TIME_LIMIT)
+    x = torch.randn(256, 32)
+    with pytest.warns(UnplannedWarning, match=r"Dynamo gave up on it: .*aten\.nonzero"):
+        got = _step(opt, x)
+    for g, w in zip(got, _step(model, x), strict=True):
+        assert torch.equal(g, w)
+    assert not checkmate.plans_of(opt)
+
+
 @pytest.mark.usefixtures("low_recompile_limits")
 def test_past_the_recompile_limit_a_new_shape_is_an_error_not_an_unplanned_step() -> None:
     # past its limit Dynamo would run the step eagerly with no budget: checkmate makes it an
