@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import gc
 import inspect
+import math
 import threading
 import time
 import types
@@ -89,6 +90,7 @@ from checkmate.measuring import (
 from checkmate.module_state import _STATE, CheckmateState, UnplannedWarning
 from checkmate.planner_common import BudgetWarning
 from checkmate.planning import UNCHECKED
+from checkmate.profile import load_profile
 from checkmate.recompiles import (
     warn_if_numbers_vary,
     warn_if_recompiled,
@@ -99,7 +101,7 @@ from checkmate.release import release_compiled
 from checkmate.runtime import COMPILERS, Planner, log
 from checkmate.uncaptured import break_reasons, dynamo_failures
 from solvers.budget import BudgetSpec, parse_budget
-from solvers.errors import CheckmateError, TraceError
+from solvers.errors import CheckmateError, OptionError, TraceError
 from solvers.strategies import check_options
 
 __all__ = ["optimize", "plans_of", "disabled", "CheckmateState", "UnplannedWarning"]
@@ -186,8 +188,10 @@ def optimize(
         BudgetError: the budget is not a size or a fraction (raised before any tracing).
         OptionError: ``options`` names an option the strategy does not take (before
             any tracing; the message lists its options).
-        CheckmateError: ``strategy`` or ``compiler`` is not a known name (before any
-            tracing; the message lists them).
+        CheckmateError: ``model`` is no ``nn.Module``, or ``strategy`` or ``compiler`` is not
+            a known name (before any tracing; the message lists them).
+        OptionError: ``time_limit`` is not a positive number of seconds or None.
+        ProfileError: ``profile`` names no shipped profile, or its file cannot be read.
         InfeasibleBudgetError: no plan was found within the budget: ``exc.lower_bound`` is
             what every schedule needs (proven), ``exc.minimum`` the peak of a schedule
             found (``optimize(model, exc.minimum)`` plans on the first try).
@@ -201,8 +205,24 @@ def optimize(
         >>> loss = model(x).sum(); loss.backward()  # doctest: +SKIP
     """
     # fail at the door, not after tracing and profiling every graph
+    if not isinstance(model, nn.Module):
+        raise CheckmateError(
+            f"checkmate.optimize takes a torch.nn.Module, and was given a {type(model).__name__}: wrap the "
+            "computation in an nn.Module whose forward makes it"
+        )
     spec = parse_budget(budget)
     check_options(strategy, options or {})
+    if time_limit is not None and (
+        isinstance(time_limit, bool)
+        or not isinstance(time_limit, int | float)
+        or not 0 < time_limit < math.inf
+    ):
+        raise OptionError(
+            f"time_limit={time_limit!r}: give the seconds each graph's search may take, a positive number "
+            "(default 30), or None for no limit"
+        )
+    if profile is not None:
+        load_profile(profile)  # an unknown name or a bad file raises ProfileError now, not at the first step
     if compiler not in COMPILERS:
         raise CheckmateError(f"compiler={compiler!r} is not one of {', '.join(map(repr, COMPILERS))}")
     if compiler == "inductor" and not check_peak:

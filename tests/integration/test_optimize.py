@@ -23,7 +23,14 @@ from torch import nn  # noqa: E402
 import checkmate  # noqa: E402
 from checkmate.api import plans_of  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
-from solvers.errors import BudgetError, CheckmateError, InfeasibleBudgetError, OptionError, TraceError  # noqa: E402
+from solvers.errors import (  # noqa: E402
+    BudgetError,
+    CheckmateError,
+    InfeasibleBudgetError,
+    OptionError,
+    ProfileError,
+    TraceError,
+)
 from solvers.schedule import simulate  # noqa: E402
 from tests.integration import _models as M  # noqa: E402
 
@@ -262,6 +269,12 @@ class _RaisesIfRun(nn.Module):
             r"unknown strategy 'nope'; choose one of: auto, ",
         ),
         ({"budget": 0.5, "options": {"tme_limit": 1}}, OptionError, r"has no option 'tme_limit'.*time_limit"),
+        # these three were taken: time_limit=0 planned with no search and raised InfeasibleBudgetError
+        # at the first step, a string or a negative number was stored, and an unknown profile raised
+        # only when the first step was traced
+        ({"budget": 0.5, "time_limit": 0}, OptionError, r"time_limit=0: .*positive number"),
+        ({"budget": 0.5, "time_limit": "10"}, OptionError, r"time_limit='10'"),
+        ({"budget": 0.5, "profile": "h1000"}, ProfileError, r"unknown device profile 'h1000'.*h100"),
     ],
 )
 @pytest.mark.parametrize("example", [True, False])
@@ -276,6 +289,12 @@ def test_bad_arguments_raise_before_any_tracing(
     with pytest.raises(error, match=match):
         checkmate.optimize(_RaisesIfRun(), example_inputs=inputs, **kwargs)
     assert torch._dynamo.utils.counters["frames"]["total"] == frames
+
+
+def test_a_function_given_for_a_model_is_named_in_the_error() -> None:
+    # it raised AttributeError: 'function' object has no attribute 'modules'
+    with pytest.raises(CheckmateError, match=r"takes a torch.nn.Module, and was given a function"):
+        checkmate.optimize(lambda x: x.relu(), 0.5)  # type: ignore[arg-type]
 
 
 def test_the_keep_all_peak_is_simulated_once_per_graph(monkeypatch: pytest.MonkeyPatch) -> None:
