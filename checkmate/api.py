@@ -113,7 +113,7 @@ _SUBCLASSES: dict[type, type] = {}
 def optimize(
     model: nn.Module,
     budget: BudgetSpec,
-    example_inputs: tuple[Any, ...] | None = None,
+    example_inputs: tuple[Any, ...] | torch.Tensor | None = None,
     *,
     strategy: str = "auto",
     profile: str | None = None,
@@ -150,8 +150,8 @@ def optimize(
             the bytes it got; its :class:`PlanRecord` holds the budget it was planned at
             (``result.budget``) and the one asked (``asked_budget``). Byte budgets apply
             to every graph as given.
-        example_inputs: positional arguments of one training step, to plan now; without
-            them the first training call plans.
+        example_inputs: positional arguments of one training step (a tuple; a lone tensor
+            is one argument), to plan now; without them the first training call plans.
         strategy: a strategy name from ``solvers.strategies.STRATEGIES`` (default ``auto``).
         profile: None to time each op on the model's device, or a device profile name or
             path (``"h100"``, ``"cpu"``) to plan with estimated costs.
@@ -223,6 +223,13 @@ def optimize(
         )
     if profile is not None:
         load_profile(profile)  # an unknown name or a bad file raises ProfileError now, not at the first step
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)  # one input: unpacked, a batch of 512 rows was 512 arguments
+    elif example_inputs is not None and not isinstance(example_inputs, tuple | list):
+        raise CheckmateError(
+            f"example_inputs is a {type(example_inputs).__name__}: give the positional arguments of one "
+            "training call as a tuple, e.g. example_inputs=(x,) for model(x)"
+        )
     if compiler not in COMPILERS:
         raise CheckmateError(f"compiler={compiler!r} is not one of {', '.join(map(repr, COMPILERS))}")
     if compiler == "inductor" and not check_peak:

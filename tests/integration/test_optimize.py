@@ -297,6 +297,17 @@ def test_a_function_given_for_a_model_is_named_in_the_error() -> None:
         checkmate.optimize(lambda x: x.relu(), 0.5)  # type: ignore[arg-type]
 
 
+def test_a_lone_example_input_is_one_argument_and_a_dict_is_named_in_the_error() -> None:
+    # a tensor was unpacked along its first dimension: "forward() takes 2 positional arguments
+    # but 65 were given"
+    torch.manual_seed(0)
+    x = torch.randn(64, 32)
+    opt = checkmate.optimize(M.MLP(32, 4), 0.8, example_inputs=x, time_limit=2)
+    assert len(plans_of(opt)) == 1
+    with pytest.raises(CheckmateError, match=r"example_inputs is a dict: .*example_inputs=\(x,\)"):
+        checkmate.optimize(_RaisesIfRun(), 0.8, example_inputs={"x": x})  # type: ignore[arg-type]
+
+
 def test_the_keep_all_peak_is_simulated_once_per_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     """The planner simulates each graph's keep-all peak once and hands it down inside the
     Budget: neither the plan cache nor the solver's front door simulates it again."""
