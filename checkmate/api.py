@@ -26,6 +26,7 @@ import copy
 import gc
 import inspect
 import math
+import numbers
 import threading
 import time
 import types
@@ -214,7 +215,7 @@ def optimize(
     check_options(strategy, options or {})
     if time_limit is not None and (
         isinstance(time_limit, bool)
-        or not isinstance(time_limit, int | float)
+        or not isinstance(time_limit, numbers.Real)  # numpy's numbers too
         or not 0 < time_limit < math.inf
     ):
         raise OptionError(
