@@ -124,6 +124,7 @@ def optimize(
     fullgraph: bool = False,
     compiler: str = "aot",
     check_peak: bool = True,
+    calls: int = 1,
 ) -> nn.Module:
     """Return ``model`` training within ``budget``, with the same gradients.
 
@@ -177,6 +178,12 @@ def optimize(
             0.8-1.04x the budget (measured on CPU). Not done for ``budget="min"``; a
             ``BudgetWarning`` says so. Under torch.distributed each rank checks, and
             replans, on its own.
+        calls: how many times a training step calls the module before its backward (two
+            views of a batch: 2; a GAN's discriminator on real and fake data: 2), under a byte
+            budget: each call is planned from the first step to fit beside the others. Without
+            it the first step that makes more calls finds them, can exceed the budget (a
+            :class:`~checkmate.BudgetWarning` says by how much), and the module is planned
+            again for them from the next call.
 
     A training call that plans nothing (Dynamo captured no graph, e.g. ``nn.LSTM`` without
     ``torch._dynamo.config.allow_rnn = True``) runs eagerly with no memory bound and issues
@@ -191,7 +198,8 @@ def optimize(
             any tracing; the message lists its options).
         CheckmateError: ``model`` is no ``nn.Module``, or ``strategy`` or ``compiler`` is not
             a known name (before any tracing; the message lists them).
-        OptionError: ``time_limit`` is not a positive number of seconds or None.
+        OptionError: ``time_limit`` is not a positive number of seconds or None, or
+            ``calls`` is not a positive integer, or is more than 1 with a budget not in bytes.
         ProfileError: ``profile`` names no shipped profile, or its file cannot be read.
         InfeasibleBudgetError: no plan was found within the budget: ``exc.lower_bound`` is
             what every schedule needs (proven), ``exc.minimum`` the peak of a schedule
@@ -224,6 +232,15 @@ def optimize(
         )
     if profile is not None:
         load_profile(profile)  # an unknown name or a bad file raises ProfileError now, not at the first step
+    if isinstance(calls, bool) or not isinstance(calls, numbers.Integral) or calls < 1:
+        raise OptionError(
+            f"calls={calls!r}: give how many times a step calls the module before its backward (1 or more)"
+        )
+    if calls > 1 and spec.nbytes is None:
+        raise OptionError(
+            f"calls={calls} plans each call to fit beside the others in a budget in bytes; under {budget!r} each "
+            "call is planned at its own graph's share. Pass the budget in bytes (e.g. '12GiB')"
+        )
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)  # one input: unpacked, a batch of 512 rows was 512 arguments
     elif example_inputs is not None and not isinstance(example_inputs, tuple | list):
@@ -261,6 +278,7 @@ def optimize(
         compiler=compiler,
         check_compiled=check_peak,
     )
+    planner.calls = int(calls)  # held at once from the first step (Planner.held_at_once)
     settings = {
         "budget": budget,
         "strategy": strategy,
@@ -271,6 +289,7 @@ def optimize(
         "fullgraph": fullgraph,
         "compiler": compiler,
         "check_peak": check_peak,
+        "calls": calls,
     }
     new = _plain(model, base)
     # a forward set on the instance (Accelerate's mixed-precision wrapper, a user's) would

@@ -482,6 +482,37 @@ def test_calls_held_at_once_before_one_backward_are_planned_to_fit_a_byte_budget
         assert measure_peak(lambda: pair(x1, x2).backward()) <= budget
 
 
+def test_calls_declared_to_optimize_are_planned_beside_each_other_from_the_first_step() -> None:
+    # undeclared, the step that finds two calls held at once runs the first as planned alone:
+    # 1.24x a budget of 0.6 of eager's peak for two views of an MLP (warned), 0.80x after;
+    # declared (calls=2), the first step is planned as the later ones, and holds
+    from checkmate.runtime import BudgetWarning
+
+    x1, x2 = torch.randn(1024, 32), torch.randn(1024, 32)
+    eager = _mlp()
+    _two_views(eager, x1, x2).backward()
+    budget = int(0.6 * measure_peak(lambda: _two_views(eager, x1, x2).backward()))
+    undeclared = checkmate.optimize(_mlp(), budget, time_limit=TIME_LIMIT)
+    with pytest.warns(BudgetWarning, match="called again before the backward"):
+        first = measure_peak(lambda: _two_views(undeclared, x1, x2).backward())
+    assert first > budget, "the undeclared first step fit: nothing to compare with"
+    opt = checkmate.optimize(_mlp(), budget, time_limit=TIME_LIMIT, calls=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BudgetWarning)
+        for _ in range(2):
+            for p, q in zip(opt.parameters(), eager.parameters(), strict=True):
+                p.grad = q.grad = None
+            assert measure_peak(lambda: _two_views(opt, x1, x2).backward()) <= budget
+            _two_views(eager, x1, x2).backward()
+            for p, q in zip(opt.parameters(), eager.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad)
+    assert len(checkmate.plans_of(opt)) == 1  # not compiled again on finding the second call
+    with pytest.raises(checkmate.OptionError, match="in bytes"):
+        checkmate.optimize(_mlp(), 0.6, calls=2)
+    with pytest.raises(checkmate.OptionError, match="calls=0"):
+        checkmate.optimize(_mlp(), budget, calls=0)
+
+
 def _discriminated(
     disc: nn.Module, rows: int, fraction: float
 ) -> tuple[Callable[[nn.Module], None], nn.Module, int, nn.Module]:
