@@ -724,11 +724,7 @@ def _training_call(
         state.eager_keys[key] = bool(fresh) and all(r.is_eager for r in fresh) and not (by_bytes or inductor)
     if state.planner.records and not state.planner.ran and len(state.planner.records) == before:
         _skipped(self, state, key, out)
-    if not state.planner.records and failures is not None and not state.warned_unplanned:
-        # why Dynamo ran the forward eagerly, as it says (a graph break in a loop skips the frame)
-        _warn_unplanned(self, state, out, tuple(break_reasons(failures)))
-    else:
-        _warn_unplanned(self, state, out)
+    _warn_unplanned(self, state, out, failures)
     return out
 
 

@@ -10,7 +10,7 @@ import itertools
 import warnings
 import weakref
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -27,7 +27,7 @@ from checkmate.recompiles import (
 )
 from checkmate.runtime import log
 from checkmate.step_budget import SPLIT_SLACK, repeated
-from checkmate.uncaptured import uncaptured
+from checkmate.uncaptured import break_reasons, uncaptured
 from solvers.budget import format_bytes
 from solvers.errors import InfeasibleBudgetError
 
@@ -435,12 +435,15 @@ def _needs_grad(out: object) -> bool:
     return any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves)
 
 
-def _warn_unplanned(module: nn.Module, state: CheckmateState, out: Any, reasons: Sequence[str] = ()) -> None:
+def _warn_unplanned(
+    module: nn.Module, state: CheckmateState, out: Any, failures: Mapping[str, int] | None = None
+) -> None:
     """Once per module: an :class:`UnplannedWarning` where a training call planned nothing
     (Dynamo ran its forward eagerly) and its outputs need gradients, with the likeliest cause:
     Dynamo's recompile limit, a module backward hook, Hugging Face gradient checkpointing
-    around a graph break, an RNN Dynamo does not capture, or else the ``reasons`` Dynamo gave
-    in the call (:func:`~checkmate.uncaptured.break_reasons`)."""
+    around a graph break, an RNN Dynamo does not capture, or else the reasons Dynamo gave in
+    the call, counted since ``failures`` (:func:`~checkmate.uncaptured.break_reasons`; a graph
+    break in a loop runs the whole frame eagerly)."""
     if not state.planner.records and not state.warned_unplanned and _needs_grad(out):
         state.warned_unplanned = True
         if _recompile_limit_hit():
@@ -465,7 +468,7 @@ def _warn_unplanned(module: nn.Module, state: CheckmateState, out: Any, reasons:
                 "before the first step: Dynamo then unrolls the RNN over its time steps (a graph that grows "
                 "with the sequence length), and checkmate plans that step"
             )
-        elif reasons:
+        elif failures is not None and (reasons := break_reasons(failures)):
             why = (
                 f"Dynamo gave up on it: {'; '.join(reasons)}. Rewrite what it names (TORCH_LOGS=graph_breaks "
                 "shows where): a graph break inside a loop makes Dynamo run the whole function eagerly, where "

@@ -437,6 +437,15 @@ def _two_views(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor) -> torch.Te
     return (model(x1) - model(x2)).pow(2).mean()
 
 
+def _two_views_at_0_6() -> tuple[torch.Tensor, torch.Tensor, nn.Module, int]:
+    """Two views of 1,024 rows, the eager MLP after one two-view step (its gradients set), and
+    a byte budget of 0.6 of that step's measured peak."""
+    x1, x2 = torch.randn(1024, 32), torch.randn(1024, 32)
+    eager = _mlp()
+    _two_views(eager, x1, x2).backward()
+    return x1, x2, eager, int(0.6 * measure_peak(lambda: _two_views(eager, x1, x2).backward()))
+
+
 def test_calls_held_at_once_before_one_backward_are_planned_to_fit_a_byte_budget_together() -> None:
     # two calls before one backward (two views of a batch, a GAN's discriminator on real and
     # fake data) hold what the first keeps for its backward while the second runs, and the
@@ -444,10 +453,7 @@ def test_calls_held_at_once_before_one_backward_are_planned_to_fit_a_byte_budget
     # earlier one pending, the module is planned again, each call to fit beside the other
     from checkmate.runtime import BudgetWarning
 
-    x1, x2 = torch.randn(1024, 32), torch.randn(1024, 32)
-    eager = _mlp()
-    _two_views(eager, x1, x2).backward()
-    budget = int(0.6 * measure_peak(lambda: _two_views(eager, x1, x2).backward()))
+    x1, x2, eager, budget = _two_views_at_0_6()
     opt = checkmate.optimize(_mlp(), budget, time_limit=TIME_LIMIT)
     planner = opt.__dict__["_checkmate_state"].planner
     with warnings.catch_warnings():
@@ -488,10 +494,7 @@ def test_calls_declared_to_optimize_are_planned_beside_each_other_from_the_first
     # declared (calls=2), the first step is planned as the later ones, and holds
     from checkmate.runtime import BudgetWarning
 
-    x1, x2 = torch.randn(1024, 32), torch.randn(1024, 32)
-    eager = _mlp()
-    _two_views(eager, x1, x2).backward()
-    budget = int(0.6 * measure_peak(lambda: _two_views(eager, x1, x2).backward()))
+    x1, x2, eager, budget = _two_views_at_0_6()
     undeclared = checkmate.optimize(_mlp(), budget, time_limit=TIME_LIMIT)
     with pytest.warns(BudgetWarning, match="called again before the backward"):
         first = measure_peak(lambda: _two_views(undeclared, x1, x2).backward())
