@@ -52,6 +52,9 @@ class PlannerState:
         families: a graph's structure (:func:`solvers.resize.structure`: its ops and
             edges, not its sizes) -> indices in ``records`` of the graphs of that structure
             that were planned (not reused); see :mod:`checkmate.families`.
+        superseded: a structure -> indices of plans taken out of their family because the
+            step is compiled again with other room beside its graphs (:meth:`_supersede`):
+            not reused as they are, but kept where the new solve costs more, or finds none.
         ahead_ceiling: a structure -> the least keep-all peak of a graph stretched to plan
             ahead (:func:`checkmate.families.plan_ahead`) that got no plan to keep: larger
             stretches are not tried again (forgotten with the plans of a step compiled again).
@@ -196,6 +199,7 @@ class PlannerState:
     steps: dict[object, list[int]] = field(default_factory=dict)
     step: object = None
     families: dict[Hashable, list[int]] = field(default_factory=dict, repr=False)
+    superseded: dict[Hashable, list[int]] = field(default_factory=dict, repr=False)
     ahead_ceiling: dict[Hashable, int | None] = field(default_factory=dict, repr=False)
     check_compiled: bool = True
     warned_unchecked: bool = field(default=False, repr=False)

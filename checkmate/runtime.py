@@ -70,7 +70,6 @@ from checkmate.timers import stage
 from checkmate.trace import JointGraph, data_dependent_size, drop_outputs_beside_loss
 from solvers.budget import format_bytes
 from solvers.errors import HeldOutputsError, InfeasibleBudgetError, TraceError
-from solvers.resize import structure
 from solvers.result import SolveResult
 
 #: planning progress at INFO (one line per stage that takes seconds, one per plan); see README
@@ -226,10 +225,7 @@ class Planner(StepBudget):
         self.split[self.step] = needs
         self.replan_pending = True
         for k in rooms:  # planned for less than they may use: not a plan for the family to reuse
-            index = self.call[k]
-            members = self.families.get(structure(self.records[index].joint.graph), [])
-            if index in members:
-                members.remove(index)
+            self._supersede(self.call[k])
         log.info(
             "the step's graphs were planned with %s more room for the graphs after them than those "
             "need: compiling it again at the next call with their needs",

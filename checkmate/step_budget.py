@@ -662,6 +662,4 @@ class StepBudget(GraphPlanning):
         change, and with them which stretches have a plan ahead."""
         self.ahead_ceiling.clear()
         for i in self.latest.get(step, []):
-            family = self.families.get(structure(self.records[i].joint.graph), [])
-            if i in family:
-                family.remove(i)
+            self._supersede(i)
