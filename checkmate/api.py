@@ -93,6 +93,7 @@ from checkmate.planner_common import BudgetWarning
 from checkmate.planning import UNCHECKED
 from checkmate.profile import load_profile
 from checkmate.recompiles import (
+    caller_level,
     warn_if_numbers_vary,
     warn_if_recompiled,
     warn_if_shapes_vary,
@@ -508,6 +509,29 @@ def _state_of(module: nn.Module, caller: str) -> CheckmateState:
     )
 
 
+def _in_transform() -> bool:
+    """Whether this call runs inside a ``torch.func`` transform (``grad``, ``vmap``, ``jacrev``,
+    per-sample gradients, meta-learning's inner steps): Dynamo gives up on a frame it meets
+    there and marks its code skipped, so that a module whose first call ran inside one ran
+    every later step eagerly, unplanned and unwarned."""
+    peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+    return peek is not None and peek() is not None
+
+
+def _warn_transform(module: nn.Module, state: CheckmateState) -> None:
+    """Once per module: its calls inside a ``torch.func`` transform run unplanned."""
+    if state.warned_transform:
+        return
+    state.warned_transform = True
+    warnings.warn(
+        f"a call of the optimized {type(module).__name__} inside a torch.func transform (grad, vmap, jacrev) "
+        "runs its original forward, with no memory bound: torch.compile cannot compile the planned step "
+        "there. Calls outside the transform are planned",
+        UnplannedWarning,
+        stacklevel=caller_level(),
+    )
+
+
 def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     state: CheckmateState = self.__dict__[_STATE]
     if state.disabled and state.disabled.get(threading.get_ident()):
@@ -528,6 +552,9 @@ def _forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 def _training_call(
     self: nn.Module, state: CheckmateState, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
+    if _in_transform():
+        _warn_transform(self, state)
+        return state.eager(*args, **kwargs)
     key = _signature(args, kwargs)
     again = _called_again_inside(state)  # its step measured whole stays open: this call is in it
     for st in list(_OPEN):  # measured steps: over, never backpropagated, or this call is inside
@@ -701,7 +728,7 @@ def _training_call(
         # unwarned, at a call compiled again; a full collection takes a tenth of a second or
         # more, a call that compiles seconds)
         gc.collect()
-    _track_pending(state, out, key)
+    _track_pending(state, out, key, planned=bool(state.planner.ran))
     if state.window is not None and len(state.planner.records) > before:
         state.window_key = None  # it compiled (a guard Dynamo keys on, e.g. autocast): no measure
         _close_window(state)

@@ -347,11 +347,14 @@ def _backward_hooked(module: nn.Module) -> str | None:
     return None
 
 
-def _track_pending(state: CheckmateState, out: Any, key: tuple[Any, ...]) -> None:
+def _track_pending(state: CheckmateState, out: Any, key: tuple[Any, ...], *, planned: bool = False) -> None:
     """Record a planned call as pending until a backward reaches one of its outputs' nodes.
 
     The marker lives in those nodes' ``metadata``, so it dies with the call's autograd graph:
-    a call whose outputs are dropped unbackpropagated holds no activations, and is not pending."""
+    a call whose outputs are dropped unbackpropagated holds no activations, and is not pending.
+    ``planned``: a planned graph ran in the call, whose backward cannot be differentiated again
+    (warned of where it is). A call run eagerly can: ``torch.func.grad`` over an optimized
+    module, which Dynamo runs eagerly, was warned of a double backward that never failed."""
     nodes = {id(n): n for t in _grad_leaves(out) if (n := t.grad_fn) is not None}
     if not nodes:
         return
@@ -360,17 +363,19 @@ def _track_pending(state: CheckmateState, out: Any, key: tuple[Any, ...]) -> Non
     for node in nodes.values():
         meta: dict[str, Any] = node.metadata  # type: ignore[assignment]  # a property; typed as a method
         meta["checkmate_pending"] = token
-        node.register_prehook(functools.partial(_backward_reached, ref, weakref.ref(state)))
+        node.register_prehook(functools.partial(_backward_reached, ref, weakref.ref(state), planned))
     state.pending.append(ref)
 
 
 def _backward_reached(
-    ref: weakref.ref[_Pending], state_ref: weakref.ref[CheckmateState], grad_outputs: Any
+    ref: weakref.ref[_Pending], state_ref: weakref.ref[CheckmateState], planned: bool, grad_outputs: Any
 ) -> None:
     token = ref()
     if token is not None:
         token.done = True
-    if torch.is_grad_enabled():  # a backward with create_graph=True: the engine runs it in grad mode
+    if (
+        planned and torch.is_grad_enabled()
+    ):  # a backward with create_graph=True: the engine runs it in grad mode
         state = state_ref()
         if state is not None and not state.warned_double:
             state.warned_double = True

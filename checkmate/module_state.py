@@ -126,6 +126,8 @@ class CheckmateState:
     warned_outside: bool = False
     #: a planned step was differentiated with create_graph=True, and a warning said so
     warned_double: bool = False
+    #: a call ran inside a torch.func transform, unplanned, and a warning said so (:func:`_in_transform`)
+    warned_transform: bool = False
     #: input signature -> its calls in a row that a profiler of the user's kept from being
     #: measured whole (:func:`_profiled`), and whether a warning said that none could be
     profiled: Counter[tuple[Any, ...]] = field(default_factory=Counter, repr=False)

@@ -44,6 +44,7 @@ _INTERNAL = (
     os.path.dirname(os.path.abspath(torch._dynamo.__file__)) + os.sep,
     os.path.dirname(os.path.abspath(torch.optim.__file__)) + os.sep,  # a warning at the optimizer step
     os.path.dirname(os.path.abspath(torch.autograd.__file__)) + os.sep,  # one from a backward hook
+    os.path.dirname(os.path.abspath(torch._functorch.__file__)) + os.sep,  # a call inside torch.func.grad
 )
 
 

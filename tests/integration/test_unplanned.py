@@ -721,6 +721,40 @@ def test_a_gradient_differentiated_again_warns_and_runs_under_disabled() -> None
         pass
 
 
+def test_a_call_inside_a_torch_func_transform_runs_eagerly_and_the_steps_after_it_are_planned() -> None:
+    # torch.func.grad (per-sample gradients, meta-learning) runs the module inside its own
+    # transform, where Dynamo gives up on the frame and marks its code skipped: called there
+    # first, the module ran every later step eagerly, unplanned and unwarned after the first.
+    # Its backward runs in grad mode too, which was taken for a gradient differentiated again
+    # (create_graph=True). Now the call runs the original forward, warned of once
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 1))
+    eager = copy.deepcopy(model)
+    opt = checkmate.optimize(model, 0.85, time_limit=TIME_LIMIT)
+    x = torch.randn(1024, 32)
+    params = {k: v.detach() for k, v in eager.named_parameters()}
+
+    def grads(m: nn.Module) -> dict[str, torch.Tensor]:
+        return torch.func.grad(lambda p: torch.func.functional_call(m, p, (x,)).pow(2).sum())(params)
+
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        mine = grads(opt)
+        grads(opt)
+    theirs = grads(eager)
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    said = [w for w in got if issubclass(w.category, UnplannedWarning)]
+    assert len(said) == 1 and "torch.func transform" in str(said[0].message), [str(w.message) for w in said]
+    assert said[0].filename == __file__  # the line that called the transform
+    for _ in range(2):
+        for m in (opt, eager):
+            m(x).pow(2).sum().backward()
+        for p, q in zip(opt.parameters(), eager.parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None and torch.equal(p.grad, q.grad)
+            p.grad = q.grad = None
+    assert checkmate.plans_of(opt) and checkmate.plans_of(opt)[0].recomputes  # the steps after it are planned
+
+
 class _Refusing(nn.Module):
     """An MLP whose forward raises while ``fail`` is set (a loop that skips a bad batch by
     catching the error its forward raises)."""
