@@ -81,6 +81,14 @@ def test_the_largest_working_set_is_named_with_its_parts() -> None:
         "conv needs 700 B: 100 B output + 600 B in 2 inputs, its scratch space conv.workspace 500 B"
     )
     assert largest_working_set(Graph.build([], [])) == ""
+    # one output of a multi-output op is named after its getitem: the op is named too
+    op = "aten.convolution_backward.default"
+    nodes = [{"key": "x", "cost": 1, "mem": 100}, {"key": "getitem_6", "cost": 1, "mem": 300, "op": op}]
+    got = largest_working_set(Graph.build(nodes, [("x", "getitem_6")]))
+    assert (
+        got
+        == "getitem_6 (an output of convolution_backward) needs 400 B: 300 B output + 100 B in 1 input, the largest x 100 B"
+    )
 
 
 def test_a_budget_above_a_schedule_found_lower_has_that_schedule() -> None:
