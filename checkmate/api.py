@@ -509,13 +509,16 @@ def _state_of(module: nn.Module, caller: str) -> CheckmateState:
     )
 
 
+#: the innermost torch.func transform running, or None (looked up once: every training call asks)
+_PEEK_TRANSFORM = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+
+
 def _in_transform() -> bool:
     """Whether this call runs inside a ``torch.func`` transform (``grad``, ``vmap``, ``jacrev``,
     per-sample gradients, meta-learning's inner steps): Dynamo gives up on a frame it meets
     there and marks its code skipped, so that a module whose first call ran inside one ran
     every later step eagerly, unplanned and unwarned."""
-    peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
-    return peek is not None and peek() is not None
+    return _PEEK_TRANSFORM is not None and _PEEK_TRANSFORM() is not None
 
 
 def _warn_transform(module: nn.Module, state: CheckmateState) -> None:

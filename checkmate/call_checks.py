@@ -373,9 +373,8 @@ def _backward_reached(
     token = ref()
     if token is not None:
         token.done = True
-    if (
-        planned and torch.is_grad_enabled()
-    ):  # a backward with create_graph=True: the engine runs it in grad mode
+    # a backward with create_graph=True (the engine runs it in grad mode) through a planned graph
+    if planned and torch.is_grad_enabled():
         state = state_ref()
         if state is not None and not state.warned_double:
             state.warned_double = True

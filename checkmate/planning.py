@@ -1318,7 +1318,7 @@ class GraphPlanning(PlannerState):
                 error = no_plan_error(graph, res, time_limit=self.time_limit)
                 # a schedule peaking within the bytes was found: the strategy did not search for it
                 if hedged and self.strategy != "auto" and (error.minimum or 0) <= (budget.nbytes or 0):
-                    res = self._with_auto(graph, budget, profile_id, res, limit)
+                    res = self._with_auto(graph, budget, profile_id, limit) or res
                 if not res.ok or res.schedule is None:
                     raise error
         except InfeasibleBudgetError as exc:
@@ -1328,12 +1328,12 @@ class GraphPlanning(PlannerState):
         return res
 
     def _with_auto(
-        self, graph: Graph, budget: Budget, profile_id: str, res: SolveResult, time_limit: float | None
-    ) -> SolveResult:
+        self, graph: Graph, budget: Budget, profile_id: str, time_limit: float | None
+    ) -> SolveResult | None:
         """Where the strategy asked for found no plan of ``graph`` within ``budget`` leaving room
         beside it (a hedged try: the caller plans at the whole budget otherwise, leaving none)
         though the least-peak search found a schedule peaking within those bytes, ``auto``'s
-        plan, when it finds one; else ``res``. A strategy that does not search the
+        plan, when it finds one; else None. A strategy that does not search the
         budget (``chen-sqrtn``'s plan is fixed; ``dtr`` evicts without seeing ahead) otherwise
         ends planned at the whole budget with no room for what the step holds beside the graph:
         an MLP whose cross-entropy on 4 MiB of logits runs outside it, at 0.7 of eager's peak,
@@ -1344,7 +1344,7 @@ class GraphPlanning(PlannerState):
             plan_path=self.plan_path,
         )  # fmt: skip
         if not got.ok or got.schedule is None:
-            return res
+            return None
         log.info(
             "strategy %r found no plan within %s leaving room beside the graph: auto's plan (%s) is used",
             self.strategy,
