@@ -1172,7 +1172,7 @@ class GraphPlanning(PlannerState):
                 info = {**res.info, "chosen": res.strategy, "reference": ref, KEEPS_ALL: True, **bounded}
                 return replace(res, info=info), None, None
         if family and nbytes is not None:
-            got = reuse(graph, ref, self.records, family, nbytes)
+            got = reuse(graph, ref, self.records, family, nbytes, holds)
             if got is not None and holds(got[0]):
                 return replace(got[0], info={**got[0].info, **bounded}), None, got[1]
             if budget.nbytes is not None and bound is None:
@@ -1247,7 +1247,7 @@ class GraphPlanning(PlannerState):
         candidates = self.superseded.get(shape)
         if not candidates or nbytes is None:
             return None
-        got = reuse(graph, ref, self.records, candidates, nbytes)
+        got = reuse(graph, ref, self.records, candidates, nbytes, holds)
         if got is None or not holds(got[0]):
             return None
         if solved is not None and (solved.cost or 0.0) <= (got[0].cost or 0.0):

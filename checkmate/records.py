@@ -156,6 +156,8 @@ class PlanRecord:
         )
         if self.reused_from is not None:
             gap += f", plan of graph {self.reused_from} reused at these sizes"
+            if res.info.get("kept_resident"):
+                gap += f" ({res.info['kept_resident']} of its recomputes kept resident there)"
         if res.info.get(KEEPS_ALL):
             gap += ", keeping every value fits these sizes"
         if res.info.get("planned_ahead"):

@@ -274,17 +274,21 @@ def test_a_plan_the_compiled_check_solved_at_more_bytes_carries_over_at_that_rat
     assert reuse(small, keep_all_peak(small), [over], [0], target) is None  # type: ignore[list-item]
 
 
-def test_a_family_plan_far_costlier_than_the_new_sizes_need_is_not_reused() -> None:
+def test_a_family_plan_is_polished_at_new_sizes_and_planned_anew_where_it_stays_far_costlier() -> None:
     # a plan made for a longer sequence recomputes what a shorter one has room to keep: a
     # Hugging Face BERT's plan for 64 tokens ran its 40-token batch at +34.4% compute, at a
-    # byte budget that batch nearly fitted whole
+    # byte budget that batch nearly fitted whole. Polished there, it keeps those values; where
+    # the caller refuses the polished plan, the plan as carried over is far costlier and the
+    # graph is planned anew
     from types import SimpleNamespace
 
     from checkmate.families import REUSE_COST, reuse
     from solvers.api import solve
+    from solvers.boundary import boundary_hold
     from solvers.budget import Budget
     from solvers.cost_bounds import recompute_lower_bound
-    from solvers.schedule import keep_all_peak
+    from solvers.resize import transfer_and_check
+    from solvers.schedule import keep_all_peak, validate
     from tests.graphs import chain
 
     big, small = chain(16, mem=4, training=True), chain(16, mem=3, training=True)
@@ -296,11 +300,26 @@ def test_a_family_plan_far_costlier_than_the_new_sizes_need_is_not_reused() -> N
     got = reuse(small, keep_all_peak(small), [rec], [0], tight)  # type: ignore[list-item]
     least = recompute_lower_bound(small, tight)
     assert got is not None and least is not None and (got[0].cost or 0) <= REUSE_COST * least
-    # nearly room for every value: planned anew, at far less than the family's plan costs there
+    # nearly room for every value: the plan as carried over is far costlier than a fresh one...
     roomy = keep_all_peak(small) - 1
-    assert reuse(small, keep_all_peak(small), [rec], [0], roomy) is None  # type: ignore[list-item]
+    carried = transfer_and_check(big, plan.schedule, small, roomy)
+    assert carried is not None
     fresh = solve(small, Budget(nbytes=roomy), "auto", time_limit=5)
-    assert fresh.ok and (fresh.cost or 0) * REUSE_COST < (got[0].cost or 0), (fresh.cost, got[0].cost)
+    assert fresh.ok and (fresh.cost or 0) * REUSE_COST < carried[1].cost, (fresh.cost, carried[1].cost)
+    # ... and polished within the bytes it keeps what it recomputed, as cheap as the fresh plan
+    polished = reuse(small, keep_all_peak(small), [rec], [0], roomy)  # type: ignore[list-item]
+    assert polished is not None and polished[0].schedule is not None
+    assert polished[0].info["kept_resident"] > 0
+    assert (polished[0].cost or 0) <= REUSE_COST * (recompute_lower_bound(small, roomy) or 0)
+    assert validate(small, polished[0].schedule, roomy).cost == polished[0].cost
+    # refused (it holds more at the forward/backward boundary than the carried plan does):
+    # the carried plan is far costlier than the new sizes need, and the graph is planned anew
+    bound = boundary_hold(small, carried[0])
+    assert boundary_hold(small, polished[0].schedule) > bound
+    refused = reuse(
+        small, keep_all_peak(small), [rec], [0], roomy, lambda r: boundary_hold(small, r.schedule) <= bound
+    )  # type: ignore[list-item]
+    assert refused is None
 
 
 @pytest.mark.parametrize("start_frozen", [True, False], ids=["unfreeze", "freeze"])
