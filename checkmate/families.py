@@ -108,8 +108,9 @@ def reuse(
     a plan made for a longer sequence recomputes values a shorter one has room to keep. A
     GPT-2 (3 layers, fraction 0.6) planned at 48 and 64 tokens ran its 40-token batch at
     +6.9% compute with 13.75 MiB of its 22.13 MiB used; polished, +0.3% at 21.91 MiB, in 3 ms.
-    The polished schedule is taken only where ``holds`` accepts it (a bound on what the
-    plan holds at its forward/backward boundary), else the plan as carried over.
+    ``holds``: the caller's check of a plan (a bound on what it holds at its forward/backward
+    boundary): the polished schedule is taken only where it holds, else the plan as carried
+    over, and None is returned where that does not hold either.
 
     A plan kept by the compiled check (:mod:`checkmate.compiled`) was solved at more
     simulated bytes than its step holds, since Inductor's step holds less than the plan
@@ -148,38 +149,36 @@ def reuse(
             info=info,
         )
         best = (res, i)
-    if best is None or np.array_equal(records[best[1]].joint.graph.mem, graph.mem):
-        return best  # the same sizes (a recompile on a guard): planned there already
-    best = _polished(graph, best, holds)
+    if best is None:
+        return None
+    # the same sizes (a recompile on a guard): planned there already, whatever its cost
+    same = np.array_equal(records[best[1]].joint.graph.mem, graph.mem)
+    polished = None if same else _polished(graph, best[0])
+    tries = [best[0]] if polished is None else [polished, best[0]]
+    chosen = next((res for res in tries if holds is None or holds(res)), None)
+    if chosen is None:
+        return None
+    best = (chosen, best[1])
+    if same:
+        return best
     least = recompute_lower_bound(graph, target)
     if least is not None and (best[0].cost or 0.0) > REUSE_COST * least:
         return None  # planned anew: far cheaper plans may fit these sizes
     return best
 
 
-def _polished(
-    graph: Graph, got: tuple[SolveResult, int], holds: Callable[[SolveResult], bool] | None
-) -> tuple[SolveResult, int]:
-    """``got``, its schedule polished within the bytes it was carried over at (its result's
-    ``budget``; see :func:`reuse`), where that removes recomputes and ``holds`` accepts it."""
-    res, index = got
+def _polished(graph: Graph, res: SolveResult) -> SolveResult | None:
+    """``res``, a plan carried over, with its schedule polished within the bytes it was
+    carried over at (its ``budget``; see :func:`reuse`); None where that removes no recompute."""
     assert res.schedule is not None and res.budget is not None
     try:
         done = polish(graph, res.schedule, res.budget)
     except SolverError:  # polish's own check failed: the plan as carried over stands
-        return got
+        return None
     if not done.merged:
-        return got
-    better = replace(
-        res,
-        schedule=done.schedule,
-        cost=done.sim.cost,
-        peak=done.sim.peak,
-        info={**res.info, "kept_resident": done.merged},
-    )
-    if holds is not None and not holds(better):
-        return got
-    return better, index
+        return None
+    info = {**res.info, "kept_resident": done.merged}
+    return replace(res, schedule=done.schedule, cost=done.sim.cost, peak=done.sim.peak, info=info)
 
 
 def _held_ratio(rec: PlanRecord) -> float:

@@ -1173,7 +1173,7 @@ class GraphPlanning(PlannerState):
                 return replace(res, info=info), None, None
         if family and nbytes is not None:
             got = reuse(graph, ref, self.records, family, nbytes, holds)
-            if got is not None and holds(got[0]):
+            if got is not None:
                 return replace(got[0], info={**got[0].info, **bounded}), None, got[1]
             if budget.nbytes is not None and bound is None:
                 solve = lambda g, b: self._shared(  # noqa: E731
@@ -1248,7 +1248,7 @@ class GraphPlanning(PlannerState):
         if not candidates or nbytes is None:
             return None
         got = reuse(graph, ref, self.records, candidates, nbytes, holds)
-        if got is None or not holds(got[0]):
+        if got is None:
             return None
         if solved is not None and (solved.cost or 0.0) <= (got[0].cost or 0.0):
             return None
@@ -1317,10 +1317,13 @@ class GraphPlanning(PlannerState):
             if not res.ok or res.schedule is None:
                 error = no_plan_error(graph, res, time_limit=self.time_limit)
                 # a schedule peaking within the bytes was found: the strategy did not search for it
-                if hedged and self.strategy != "auto" and (error.minimum or 0) <= (budget.nbytes or 0):
-                    res = self._with_auto(graph, budget, profile_id, limit) or res
-                if not res.ok or res.schedule is None:
+                searchable = (
+                    hedged and self.strategy != "auto" and (error.minimum or 0) <= (budget.nbytes or 0)
+                )
+                helped = self._with_auto(graph, budget, profile_id, limit) if searchable else None
+                if helped is None:
                     raise error
+                res = helped
         except InfeasibleBudgetError as exc:
             if exc.minimum is not None:  # for a later process's retry at it
                 remember_least_peak(graph, exc.minimum)
