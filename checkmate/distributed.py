@@ -28,6 +28,9 @@ its blocks outside every plan. The supported order is per block: ``optimize`` ea
 then ``fully_shard`` each block and the root. :func:`check_fsdp_order` raises for the
 others, :func:`fsdp_reserve` is what FSDP2 holds beside a block's graph, and
 :func:`fsdp_gradients` the gradients it keeps for a block over micro-batches.
+
+FSDP1 (``FullyShardedDataParallel``) is not planned for: :func:`check_fsdp1` raises in
+either order, naming FSDP2's.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ __all__ = [
     "ddp_reserve",
     "fsdp_reserve",
     "check_fsdp_order",
+    "check_fsdp1",
     "plan_hash",
     "plan_key",
     "plan_once",
@@ -111,9 +115,58 @@ _FSDP_ORDER = (
 )
 
 
+def _fsdp1_class() -> type | None:
+    """FSDP1's ``FullyShardedDataParallel`` when ``torch.distributed.fsdp`` was imported."""
+    if "torch.distributed.fsdp" not in sys.modules:
+        return None
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return FullyShardedDataParallel
+
+
+def _flattened(t: torch.Tensor) -> bool:
+    """Whether ``t`` is an FSDP1 flat parameter, or a parameter FSDP1 flattened into one
+    (``use_orig_params=True``; in its forward, a view of the flat parameter)."""
+    # FSDP1 marks both with this attribute (torch.distributed.fsdp._common_utils.FSDP_FLATTENED)
+    return bool(getattr(t, "_fsdp_flattened", False) or getattr(t._base, "_fsdp_flattened", False))
+
+
+def check_fsdp1(module: torch.nn.Module, *, optimizing: bool = False) -> None:
+    """Raise when FSDP1 (``FullyShardedDataParallel``) shards ``module`` (an optimized
+    module, or one given to ``optimize`` when ``optimizing``), around it or inside it.
+
+    In FSDP1's forward the module's parameters are views of a flat parameter whose
+    gradient, a flat copy of them all, and the parameters it gathers again for the
+    backward are held outside every plan: a 4-layer MLP optimized, then wrapped in FSDP1
+    (``use_orig_params=True``, two gloo ranks), stepped at 1.54x its byte budget at every
+    step, unwarned. Around an optimized module Dynamo gives up on FSDP1's forward, and the
+    step runs unplanned.
+
+    Raises:
+        TraceError: naming FSDP2's per-block order.
+    """
+    fsdp1 = _fsdp1_class()
+    if fsdp1 is None:
+        return
+    if any(isinstance(m, fsdp1) for m in module.modules()):
+        where = (
+            "the module given to checkmate.optimize" if optimizing else "a submodule of the optimized module"
+        )
+    elif not optimizing and any(_flattened(p) for p in module.parameters()):
+        where = "the optimized module (FullyShardedDataParallel wraps it)"
+    else:
+        return
+    raise TraceError(
+        f"FSDP1 (FullyShardedDataParallel) shards {where}: checkmate plans steps under FSDP2 (fully_shard) "
+        "and DDP, not FSDP1, whose flat parameters' gradients and gathered parameters are held outside every "
+        f"plan, so the budget would not hold. Shard with FSDP2 instead: {_FSDP_ORDER}"
+    )
+
+
 def check_fsdp_order(module: torch.nn.Module, *, optimizing: bool = False) -> None:
     """Raise when ``module`` (an optimized module, or one given to ``optimize`` when
-    ``optimizing``) holds FSDP2-sharded modules that its plan cannot cover.
+    ``optimizing``) holds FSDP2-sharded modules that its plan cannot cover, or is sharded
+    by FSDP1 (:func:`check_fsdp1`).
 
     FSDP2's hooks are ``torch._dynamo.disable``d, so Dynamo stops at every sharded
     submodule and runs the surrounding forward eagerly: the plans would cover the blocks'
@@ -122,8 +175,10 @@ def check_fsdp_order(module: torch.nn.Module, *, optimizing: bool = False) -> No
     hooks run around the planned forward.
 
     Raises:
-        TraceError: ``module`` was sharded before ``optimize``, or has sharded submodules.
+        TraceError: ``module`` was sharded before ``optimize``, or has sharded submodules, or
+            FSDP1 shards it.
     """
+    check_fsdp1(module, optimizing=optimizing)
     fsdp = _fsdp_module_class()
     if fsdp is None:
         return

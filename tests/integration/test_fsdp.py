@@ -171,6 +171,50 @@ def _error_worker(rank: int, port: int, out: str) -> None:
         Path(out, f"errors{rank}.json").write_text(json.dumps(_wrong_orders()))
 
 
+def test_fsdp1_in_either_order_raises_naming_fsdp2(tmp_path: Path) -> None:
+    # FSDP1 wrapping an optimized MLP (use_orig_params=True, two gloo ranks, byte budget 0.6 of
+    # eager FSDP1's peak) stepped at 1.54x the budget, unwarned: its flat gradient was outside
+    # the plan. One rank suffices to construct FSDP1 (device_id="cpu": it wants an accelerator)
+    spawn(_fsdp1_worker, (free_port(), str(tmp_path)), 1)
+    got = json.loads((tmp_path / "fsdp1.json").read_text())
+    assert set(got) == {"around, use_orig_params", "around, flat", "inside"}, got
+    for case, msg in got.items():
+        assert msg.startswith("FSDP1 (FullyShardedDataParallel) shards"), (case, msg)
+        assert "optimize each block first, then shard" in msg, (case, msg)
+    assert "wraps it" in got["around, use_orig_params"] and "wraps it" in got["around, flat"], got
+    assert "given to checkmate.optimize" in got["inside"], got
+
+
+def _fsdp1_worker(rank: int, port: int, out: str) -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    import checkmate
+    from solvers.errors import TraceError
+
+    def mlp() -> torch.nn.Module:
+        layers = [m for _ in range(4) for m in (torch.nn.Linear(16, 16), torch.nn.GELU())]
+        return torch.nn.Sequential(*layers, torch.nn.Linear(16, 4))
+
+    cpu = torch.device("cpu")
+    got: dict[str, str] = {}
+    with process_group(rank, port, 1):
+        for case, make in {
+            "around, use_orig_params": lambda: FSDP(
+                checkmate.optimize(mlp(), 0.7), use_orig_params=True, device_id=cpu
+            ),
+            "around, flat": lambda: FSDP(
+                checkmate.optimize(mlp(), 0.7), use_orig_params=False, device_id=cpu
+            ),
+            "inside": lambda: checkmate.optimize(FSDP(mlp(), use_orig_params=True, device_id=cpu), 0.7),
+        }.items():
+            try:
+                make()(torch.randn(256, 16)).sum().backward()
+                got[case] = ""
+            except TraceError as exc:
+                got[case] = str(exc)
+    Path(out, "fsdp1.json").write_text(json.dumps(got))
+
+
 #: micro-batches accumulated per optimizer step, and the share of eager FSDP2's peak over them
 MICRO, ACCUM_SHARE = 4, 0.9
 
