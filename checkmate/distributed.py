@@ -139,8 +139,8 @@ def check_fsdp1(module: torch.nn.Module, *, optimizing: bool = False) -> None:
     gradient, a flat copy of them all, and the parameters it gathers again for the
     backward are held outside every plan: a 4-layer MLP optimized, then wrapped in FSDP1
     (``use_orig_params=True``, two gloo ranks), stepped at 1.54x its byte budget at every
-    step, unwarned. Around an optimized module Dynamo gives up on FSDP1's forward, and the
-    step runs unplanned.
+    step, unwarned. Given to ``optimize`` whole, FSDP1's forward is one Dynamo gives up on:
+    the step runs unplanned.
 
     Raises:
         TraceError: naming FSDP2's per-block order.
@@ -152,8 +152,9 @@ def check_fsdp1(module: torch.nn.Module, *, optimizing: bool = False) -> None:
         where = (
             "the module given to checkmate.optimize" if optimizing else "a submodule of the optimized module"
         )
-    elif not optimizing and any(_flattened(p) for p in module.parameters()):
-        where = "the optimized module (FullyShardedDataParallel wraps it)"
+    elif any(_flattened(p) for p in module.parameters()):
+        where = "the module given to checkmate.optimize" if optimizing else "the optimized module"
+        where += " (FullyShardedDataParallel wraps it)"
     else:
         return
     raise TraceError(
