@@ -10,6 +10,8 @@ once (by one rank, the other receives it) with the same hashes on both ranks, an
 unsharded parameters are reserved out of each block's budget. The other two orders
 (``optimize`` the whole model then shard its blocks; shard then ``optimize``) raise a
 TraceError naming the order to use.
+FSDP1 (``FullyShardedDataParallel``), given to ``optimize`` or wrapped around an optimized
+module, raises a TraceError naming FSDP2's order.
 """
 
 from __future__ import annotations
