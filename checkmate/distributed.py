@@ -148,13 +148,11 @@ def check_fsdp1(module: torch.nn.Module, *, optimizing: bool = False) -> None:
     fsdp1 = _fsdp1_class()
     if fsdp1 is None:
         return
+    own = "the module given to checkmate.optimize" if optimizing else "the optimized module"
     if any(isinstance(m, fsdp1) for m in module.modules()):
-        where = (
-            "the module given to checkmate.optimize" if optimizing else "a submodule of the optimized module"
-        )
+        where = own if optimizing else "a submodule of the optimized module"
     elif any(_flattened(p) for p in module.parameters()):
-        where = "the module given to checkmate.optimize" if optimizing else "the optimized module"
-        where += " (FullyShardedDataParallel wraps it)"
+        where = f"{own} (FullyShardedDataParallel wraps it)"
     else:
         return
     raise TraceError(
