@@ -107,6 +107,9 @@ class _Emitter:
         # the multi-output op run last: (joint op, its copy, outputs taken from the copy)
         self.last: tuple[fx.Node, fx.Node, set[str]] | None = None
         self.runs: list[tuple[fx.Node, set[str]]] = []  # every multi-output op run, and what it gave
+        # outputs of the last run taken early, when a sibling that may run only once ran,
+        # and not yet computed by the schedule
+        self.ahead: set[str] = set()
         self.inplace_adds = frozenset(jg.inplace.values())
         self.group_nodes: dict[int, list[fx.Node]] = {}
         for name, g in jg.group.items():
@@ -130,11 +133,23 @@ class _Emitter:
         call = self.jg.calls.get(name)
         if call is not None and owner in self.env and not self.jg.graph.nodes[i].recomputable:
             return  # extracted when its random/mutating op ran (the op runs exactly once)
+        if (
+            call is not None
+            and name in self.ahead
+            and self.last is not None
+            and self.last[0] is self.by_name[call[0]]
+        ):
+            # taken from the op's latest run when a sibling that runs once did, and no other
+            # op has run since: this compute is that run's (a BatchNorm's output, scheduled
+            # after its running statistics, ran the op a second time before)
+            self.ahead.discard(name)
+            return
         for x in self.group_nodes.get(i, ()):
             self.env.pop(x, None)
         if call is None:
             self.env[owner] = self.graph.node_copy(owner, self.get)
             self.last = None
+            self.ahead.clear()
             acc = self.jg.inplace.get(name)
             if acc is not None:  # a gradient sum done in place into this addend
                 add = self.by_name[acc]
@@ -151,6 +166,7 @@ class _Emitter:
             run = self._replay(op) if again and op.name in self.jg.replayed else None
             self.last = (op, run or self.graph.node_copy(op, self.get), set())
             self.runs.append((self.last[1], self.last[2]))
+            self.ahead.clear()
         _, run, taken = self.last
         self._take(run, name, taken)
         self._take_siblings_read(i, call[0], run, taken)
@@ -160,6 +176,8 @@ class _Emitter:
             for sib, (c, _) in self.jg.calls.items():
                 if c == call[0] and sib not in taken:
                     self._take(run, sib, taken)
+                    if self.jg.group.get(sib) not in self.computed:
+                        self.ahead.add(sib)
 
     def _replay(self, op: fx.Node) -> fx.Node:
         """A recompute of dropout ``op``: the same draw, from the generator state taken
