@@ -191,7 +191,7 @@ def prepare_checkmate(
             built.append(opt)
         for rec in plans_of(opt):
             res = rec.result
-            cost = (res.cost or 0.0) / rec.joint.graph.total_cost - 1.0 if rec.joint.graph.total_cost else 0.0
+            cost = rec.overhead
             check = ""
             if rec.compiled is not None and rec.compiled.measured is not None:
                 tried = ", ".join(f"{(r.measured or 0) / 2**20:.2f}" for r in rec.compiled.rounds)

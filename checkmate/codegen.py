@@ -35,7 +35,7 @@ from checkmate.trace import JointGraph
 from solvers.errors import PlanError, TraceError
 from solvers.schedule import COMPUTE, Schedule, simulate
 
-__all__ = ["SplitModules", "generate", "split_point"]
+__all__ = ["SplitModules", "generate", "run_seconds", "split_point"]
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,16 @@ class SplitModules:
         backward: ``(*saved, *tangents) -> (*gradients)``.
         saved: names of the joint-graph values passed from forward to backward.
         recomputes: compute steps beyond the first of each node.
+        seconds: the cost model's seconds of the op runs the two modules make. Outputs of
+            one op computed one after another share a run, which the graph model, costing
+            each output as the whole op, counts once per output (:func:`run_seconds`).
     """
 
     forward: fx.GraphModule
     backward: fx.GraphModule
     saved: tuple[str, ...]
     recomputes: int
+    seconds: float = 0.0
 
 
 def split_point(jg: JointGraph, schedule: Schedule) -> int:
@@ -116,6 +120,7 @@ class _Emitter:
             self.group_nodes.setdefault(g, []).append(by_name[name])
         self.folded = frozenset(by_name[name] for name in jg.folded)
         self.scoped: list[fx.Node] = []  # folded values made for the node being emitted
+        self.seconds = 0.0  # the graph model's cost of the op runs emitted
 
     def compute(self, i: int) -> None:
         """Emit graph node ``i`` (a fresh copy: earlier copies' views become stale)."""
@@ -148,6 +153,7 @@ class _Emitter:
             self.env.pop(x, None)
         if call is None:
             self.env[owner] = self.graph.node_copy(owner, self.get)
+            self.seconds += float(self.jg.graph.cost[i])
             self.last = None
             self.ahead.clear()
             acc = self.jg.inplace.get(name)
@@ -165,6 +171,7 @@ class _Emitter:
             # run the op; outputs computed right after this one reuse the same run
             run = self._replay(op) if again and op.name in self.jg.replayed else None
             self.last = (op, run or self.graph.node_copy(op, self.get), set())
+            self.seconds += float(self.jg.graph.cost[i])
             self.runs.append((self.last[1], self.last[2]))
             self.ahead.clear()
         _, run, taken = self.last
@@ -381,7 +388,30 @@ def generate(
         backward=_module(gm, bw),
         saved=tuple(n.name for n in saved),
         recomputes=int((counts - 1).clip(min=0).sum()),
+        seconds=femit.seconds + bemit.seconds,
     )
+
+
+def run_seconds(jg: JointGraph) -> float:
+    """The cost model's seconds of running each op of ``jg`` once, as eager PyTorch does.
+
+    The graph model gives each output of a multi-output op a node costing the whole op
+    (recomputing any one output runs it again), so ``jg.graph.total_cost`` counts a BatchNorm
+    once per output it is read through: a ResNet-like CNN's 123 ms where its ops take 63 ms.
+    Here each op counts once; the plan's :attr:`SplitModules.seconds` over this, less one,
+    is the compute its recomputes add."""
+    cost = jg.graph.cost
+    ops: dict[str, float] = {}
+    total = 0.0
+    for i, names in enumerate(jg.members):
+        if not names or names[0].startswith("tangents"):  # scratch, the sink, a step input
+            continue
+        call = jg.calls.get(names[0])
+        if call is None:
+            total += float(cost[i])
+        else:
+            ops[call[0]] = max(ops.get(call[0], 0.0), float(cost[i]))
+    return total + sum(ops.values())
 
 
 def _annotate(emitter: _Emitter, i: int, memory: tuple[int, int]) -> None:

@@ -17,7 +17,7 @@ from torch._dynamo.backends.common import aot_autograd  # noqa: E402
 from torch._functorch._aot_autograd.utils import make_boxed_func  # noqa: E402
 from torch._functorch.partitioners import default_partition  # noqa: E402
 
-from checkmate.codegen import generate  # noqa: E402
+from checkmate.codegen import generate, run_seconds  # noqa: E402
 from checkmate.memory import measure_peak  # noqa: E402
 from checkmate.ops import is_view_node  # noqa: E402
 from checkmate.rng import replay_dropout_draws, replay_native_dropout  # noqa: E402
@@ -456,6 +456,9 @@ def test_a_keep_all_plan_runs_each_forward_op_once() -> None:
     got = runs(mods.forward.graph)
     assert got[bn] == joint[bn], (got, joint)
     assert all(n <= joint.get(k, 0) for k, n in got.items()), (got, joint)
+    # the cost each plan reports (PlanRecord.overhead) is of these runs: every op once, where
+    # the graph model costs a BatchNorm once per output (every node costs 1 here)
+    assert mods.seconds == run_seconds(jg) < jg.graph.total_cost, (mods.seconds, jg.graph.total_cost)
 
 
 class _Attention(nn.Module):
