@@ -55,10 +55,10 @@ bench: install
 bench-quick: install
 	$(BIN)/python -m benchmarks.run --quick
 
-# Side by side with torch.utils.checkpoint and PyTorch's activation_memory_budget (~10 min);
+# Side by side with torch.utils.checkpoint and PyTorch's activation_memory_budget (~5 min);
 # bench-peers-full runs GPT-2 small and a ResNet-18-wide CNN (hours on 2 cores).
 bench-peers: install
-	$(BIN)/python -m benchmarks.peers --quick
+	$(BIN)/python -m benchmarks.peers --quick --steps 25
 
 bench-peers-full: install
 	$(BIN)/python -m benchmarks.peers

@@ -154,6 +154,7 @@ def measure(
 
     import checkmate
     from checkmate.memory import measure_peak
+    from checkmate.records import records_overhead
     from checkmate.timers import observe
 
     model, x, y = factory()
@@ -187,8 +188,7 @@ def measure(
     row.codegen_s = sum(r.codegen_seconds for r in records)
     row.strategy = "+".join(str(r.result.info.get("chosen", r.result.strategy)) for r in records)
     row.solve_status = "+".join(str(r.result.status) for r in records)
-    total_cost = sum(r.joint.graph.total_cost for r in records)
-    row.overhead = sum(r.result.cost or 0.0 for r in records) / total_cost if total_cost else float("nan")
+    row.overhead = 1.0 + records_overhead(records) if records else float("nan")
     # with graph breaks the budget bounds each graph; the step holds them all at most
     row.budget_bytes = sum(int(r.result.budget) for r in records)
     row.reference_peak = sum(r.reference_peak for r in records)

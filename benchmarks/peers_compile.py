@@ -310,12 +310,12 @@ def measure(
             row.vs_point = ratio - 1.0
         if built:
             from checkmate.api import plans_of
+            from checkmate.records import records_overhead
 
             records = plans_of(built[-1])
-            total = sum(r.joint.graph.total_cost for r in records)
             row.graphs = len(records)
-            if total:
-                row.planned = sum((r.result.cost or 0.0) for r in records) / total - 1.0
+            if records:
+                row.planned = records_overhead(records)
         if keep is not None:
             keep.append((model, step))
         del model, step

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -14,7 +14,7 @@ from solvers.budget import format_bytes, format_change
 from solvers.graph import Graph
 from solvers.result import SolveResult
 
-__all__ = ["HELD_TO", "KEEPS_ALL", "PlanRecord"]
+__all__ = ["HELD_TO", "KEEPS_ALL", "PlanRecord", "records_overhead"]
 
 #: the ``SolveResult.info`` key of a graph of a family run keeping every value, because that
 #: fits its sizes (a short last batch): not a plan made, and none for the family to reuse
@@ -141,10 +141,7 @@ class PlanRecord:
         Not the solver's ``result.cost`` over ``graph.total_cost``, which cost each output of
         a multi-output op as the whole op: on a ResNet-like CNN at half its peak that said
         +98% where the modules run +200% more by the same costs (+151% measured)."""
-        base = run_seconds(self.joint)
-        if base <= 0.0 or self.modules.seconds <= 0.0:
-            return overhead(self.result, self.joint.graph)
-        return self.modules.seconds / base - 1.0
+        return records_overhead([self])
 
     def __repr__(self) -> str:
         """The record in one line (:meth:`summary`): the dataclass's own repr printed the whole
@@ -221,3 +218,16 @@ def _share(part: int, whole: int) -> str:
         if part == whole or float(text.rstrip("%")) != 100:
             return text
     return text
+
+
+def records_overhead(records: Sequence[PlanRecord]) -> float:
+    """The compute the recomputes of ``records``' plans add over their graphs' (the graphs of
+    one step: each plan's op runs, :attr:`SplitModules.seconds`, over each op run once,
+    :func:`checkmate.codegen.run_seconds`), less one; by the solver's costs where the modules
+    carry none."""
+    base = sum(run_seconds(r.joint) for r in records)
+    runs = sum(r.modules.seconds for r in records)
+    if base > 0.0 and runs > 0.0:
+        return runs / base - 1.0
+    total = sum(r.joint.graph.total_cost for r in records)
+    return sum(r.result.cost or 0.0 for r in records) / total - 1.0 if total else 0.0
