@@ -54,6 +54,7 @@ from checkmate.call_checks import (
     _warn_if_checkpointing,
     _warn_runs_found,
     _warn_unplanned,
+    saved_tensor_hooks_active,
 )
 from checkmate.compiling import (
     RECOMPILE_LIMIT,
@@ -590,6 +591,8 @@ def _training_call(
         out = state.eager(*args, **kwargs)
         _track_pending(state, out, key)
         return out
+    if state.planner.budget.nbytes is not None and saved_tensor_hooks_active():
+        state.planner.saved_hooks.add(key)  # named if the step is measured over its budget
     unmeasured = False  # a step that cannot be measured whole (below), warned of once
     grads_held = 0
     steps_before, state.steps_at_call = state.steps_at_call, _OPT_STEPS[0]

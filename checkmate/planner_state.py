@@ -79,6 +79,10 @@ class PlannerState:
         eager_functions: step signature -> the Python ``autograd.Function`` classes its forward
             ran eagerly, outside every captured graph (:mod:`checkmate.uncaptured`): their
             backward runs eagerly too, and a step measured over the budget names them.
+        saved_hooks: step signatures called under saved-tensor hooks
+            (``torch.autograd.graph.saved_tensors_hooks``): what they pack for the backward is
+            held in place of the values the plan counts, and a step measured over the budget
+            names them.
         breaks: step signature -> why Dynamo broke its graphs, as :func:`~checkmate.uncaptured.break_reasons`
             gave them when the step was first compiled: what a graph run several times in the
             step is said to come from (:meth:`_repeats`).
@@ -219,6 +223,7 @@ class PlannerState:
     loss_guess: dict[object, int] = field(default_factory=dict, repr=False)
     uncaptured: dict[object, int] = field(default_factory=dict, repr=False)
     eager_functions: dict[object, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    saved_hooks: set[object] = field(default_factory=set, repr=False)
     breaks: dict[object, tuple[str, ...]] = field(default_factory=dict, repr=False)
     runs_unfit: set[object] = field(default_factory=set, repr=False)
     given_back: set[object] = field(default_factory=set, repr=False)

@@ -526,6 +526,15 @@ class StepBudget(GraphPlanning):
             )
         elif eager:
             what, advice = f"{saved}, which no plan bounds", _UNCAPTURED_ADVICE
+        elif step in self.saved_hooks:
+            what, advice = (
+                "likely what saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks, save_on_cpu) active "
+                "around its forward packed for the backward, held in place of the values its plans count",
+                (
+                    "leave saved-tensor hooks off around the optimized module (its plan decides what the "
+                    "backward keeps), or give the budget room for what they hold"
+                ),
+            )
         else:
             what, advice = (
                 "a loss computed on its outputs, tensors kept from them, another model's step",
