@@ -138,15 +138,11 @@ class _Emitter:
         call = self.jg.calls.get(name)
         if call is not None and owner in self.env and not self.jg.graph.nodes[i].recomputable:
             return  # extracted when its random/mutating op ran (the op runs exactly once)
-        if (
-            call is not None
-            and name in self.ahead
-            and self.last is not None
-            and self.last[0] is self.by_name[call[0]]
-        ):
+        if name in self.ahead:
             # taken from the op's latest run when a sibling that runs once did, and no other
-            # op has run since: this compute is that run's (a BatchNorm's output, scheduled
-            # after its running statistics, ran the op a second time before)
+            # op has run since (``ahead`` is emptied whenever ``last`` changes): this compute
+            # is that run's (a BatchNorm's output, scheduled after its running statistics, ran
+            # the op a second time before)
             self.ahead.discard(name)
             return
         for x in self.group_nodes.get(i, ()):

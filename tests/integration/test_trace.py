@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import operator
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -443,19 +444,19 @@ def test_a_keep_all_plan_runs_each_forward_op_once() -> None:
     gm, jg = _joint(M.SmallCNN(4, 2), torch.randn(2, 3, 8, 8))
     mods = generate(gm, jg, schedule_from_order(jg.graph, range(jg.graph.n)))
 
-    def runs(graph: fx.Graph) -> dict[str, int]:
-        seen: dict[str, int] = {}
-        for n in graph.nodes:
-            if n.op == "call_function" and n.target is not operator.getitem and not is_view_node(n):
-                seen[str(n.target)] = seen.get(str(n.target), 0) + 1
-        return seen
+    def runs(graph: fx.Graph) -> Counter[str]:
+        return Counter(
+            str(n.target)
+            for n in graph.nodes
+            if n.op == "call_function" and n.target is not operator.getitem and not is_view_node(n)
+        )
 
     bn = "aten._native_batch_norm_legit_functional.default"
     joint = runs(gm.graph)
-    assert joint.get(bn, 0) >= 2, joint
+    assert joint[bn] >= 2, joint
     got = runs(mods.forward.graph)
     assert got[bn] == joint[bn], (got, joint)
-    assert all(n <= joint.get(k, 0) for k, n in got.items()), (got, joint)
+    assert all(n <= joint[k] for k, n in got.items()), (got, joint)
     # the cost each plan reports (PlanRecord.overhead) is of these runs: every op once, where
     # the graph model costs a BatchNorm once per output (every node costs 1 here)
     assert mods.seconds == run_seconds(jg) < jg.graph.total_cost, (mods.seconds, jg.graph.total_cost)
