@@ -22,6 +22,7 @@ from checkmate.module_state import CheckmateState
 from checkmate.planner_common import OverheadWarning
 from checkmate.recompiles import caller_level
 from checkmate.runtime import Planner, log
+from solvers.budget import format_bytes
 from solvers.errors import CheckmateError, TraceError
 
 #: each optimized module's compiled variants counted apart from those of every other module of
@@ -227,13 +228,50 @@ _STEP_CONFIG = {
 _CAPTURES = ("capture_dynamic_output_shape_ops",)
 
 
+def _ddp_small_buckets() -> int | None:
+    """The bucket size (bytes) of the DDP module whose forward is running, where it is smaller
+    than the first bucket torch.compile's DDP optimizer makes (``_DEFAULT_FIRST_BUCKET_BYTES``,
+    1 MiB), which that optimizer refuses ("First bucket should be smaller/equal to other
+    buckets", an ``AssertionError``, under a plain ``torch.compile`` too); else None."""
+    from checkmate.distributed import active_ddp_module
+
+    ddp = active_ddp_module()
+    cap = getattr(ddp, "bucket_bytes_cap", None)
+    first = getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", None)
+    if not isinstance(cap, int) or not isinstance(first, int) or cap >= first:
+        return None
+    try:
+        mode = torch._dynamo.utils.get_optimize_ddp_mode()
+    except Exception:  # a torch that reads the setting elsewhere: the optimizer decides
+        return None
+    return cap if mode == "ddp_optimizer" else None
+
+
 @contextmanager
 def _step_config(state: CheckmateState) -> Iterator[None]:
     """:data:`_STEP_CONFIG` for one call of the step: plain attribute writes of the values
     that differ, restored after; the first call that finds one of :data:`_CAPTURES` on (set
-    for the user's own compiles) warns once, an :class:`~checkmate.OverheadWarning`."""
+    for the user's own compiles) warns once, an :class:`~checkmate.OverheadWarning`. Under a
+    DDP whose buckets are smaller than the DDP optimizer's first one
+    (:func:`_ddp_small_buckets`), the step compiles as one graph (``optimize_ddp`` off for
+    it), warned of once: DDP then reduces the gradients after the backward."""
     cfg = torch._dynamo.config
-    changed = {k: getattr(cfg, k) for k, v in _STEP_CONFIG.items() if getattr(cfg, k) != v}
+    wanted: dict[str, Any] = dict(_STEP_CONFIG)
+    small = _ddp_small_buckets()
+    if small is not None:
+        wanted["optimize_ddp"] = False
+        if not state.warned_ddp_buckets:
+            state.warned_ddp_buckets = True
+            warnings.warn(
+                f"DDP's buckets ({format_bytes(small)}, bucket_cap_mb) are smaller than the first bucket "
+                "torch.compile's DDP optimizer makes (1 MiB), which it refuses, so this optimized "
+                "module's step compiles as one graph (torch._dynamo.config.optimize_ddp off for it): DDP "
+                "reduces the gradients after the backward instead of during it. bucket_cap_mb >= 1 "
+                "keeps that overlap",
+                OverheadWarning,
+                stacklevel=caller_level(),
+            )
+    changed = {k: getattr(cfg, k) for k, v in wanted.items() if getattr(cfg, k) != v}
     if not changed:
         yield
         return
@@ -249,7 +287,7 @@ def _step_config(state: CheckmateState) -> Iterator[None]:
             stacklevel=caller_level(),
         )
     for k in changed:
-        setattr(cfg, k, _STEP_CONFIG[k])
+        setattr(cfg, k, wanted[k])
     try:
         yield
     finally:

@@ -64,6 +64,9 @@ class CheckmateState:
             warning said so (:func:`~checkmate.compiling._take_marks`).
         warned_captures: Dynamo's capture of data-dependent sizes was on, and is off for the
             step's compiles, and a warning said so (:func:`~checkmate.compiling._step_config`).
+        warned_ddp_buckets: DDP's buckets were smaller than the first bucket torch.compile's DDP
+            optimizer makes, so the step compiled as one graph, and a warning said so
+            (:func:`~checkmate.compiling._step_config`).
         outside_ddp: input signatures compiled outside a DDP forward (planned without DDP's
             gradient buckets): run inside one, the step is compiled and planned again.
         settings: the arguments of the :func:`optimize` call (its budget among them).
@@ -108,6 +111,7 @@ class CheckmateState:
     warned_uncaptured: bool = False
     warned_dynamic: bool = False
     warned_captures: bool = False
+    warned_ddp_buckets: bool = False
     window: StepWindow | None = None
     window_key: tuple[Any, ...] | None = None
     window_calls: int = 0

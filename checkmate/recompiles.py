@@ -12,6 +12,7 @@ user's line (:func:`caller_level`).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import re
@@ -45,6 +46,7 @@ _INTERNAL = (
     os.path.dirname(os.path.abspath(torch.optim.__file__)) + os.sep,  # a warning at the optimizer step
     os.path.dirname(os.path.abspath(torch.autograd.__file__)) + os.sep,  # one from a backward hook
     os.path.dirname(os.path.abspath(torch._functorch.__file__)) + os.sep,  # a call inside torch.func.grad
+    os.path.abspath(contextlib.__file__),  # a warning from a context manager's set-up
 )
 
 

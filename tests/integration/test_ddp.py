@@ -619,6 +619,57 @@ def test_gradients_accumulated_under_no_sync_are_planned_beside_ddps_buckets(tmp
         assert max(doc["ratios"]) <= 1.0, doc["ratios"]
 
 
+def _small_buckets_worker(rank: int, port: int, out: str) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import checkmate
+    from checkmate.memory import measure_peak
+
+    with process_group(rank, port, WORLD):
+        base, x0 = _model("transformer_dropout")
+        x = torch.randint(0, 64, x0.shape, generator=torch.Generator().manual_seed(100 + rank))
+
+        def step(m: torch.nn.Module, seed: int) -> None:
+            torch.manual_seed(seed)
+            m(x).float().pow(2).mean().backward()
+
+        eager = DDP(copy.deepcopy(base), bucket_cap_mb=0.1)
+        step(eager, 1)
+        eager.zero_grad(set_to_none=True)
+        asked = torch.tensor([int(0.6 * measure_peak(lambda: step(eager, 1)))])
+        torch.distributed.all_reduce(asked, torch.distributed.ReduceOp.MIN)
+        budget = int(asked.item())
+        twin = DDP(copy.deepcopy(base), bucket_cap_mb=0.1)
+        opt_model = checkmate.optimize(copy.deepcopy(base), budget, time_limit=5.0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            peaks = train_twins(twin, DDP(opt_model, bucket_cap_mb=0.1), step, STEPS, rank)
+        doc = {
+            "budget": budget,
+            "peaks": peaks,
+            "param_diff": max(
+                (p.detach() - q.detach()).abs().max().item()
+                for p, q in zip(twin.module.parameters(), opt_model.parameters())
+            ),
+            "warnings": [str(w.message) for w in caught if "bucket_cap_mb" in str(w.message)],
+            "graphs": len(checkmate.plans_of(opt_model)),
+        }
+    Path(out, f"rank{rank}.json").write_text(json.dumps(doc))
+
+
+def test_ddp_buckets_smaller_than_dynamos_first_one_compile_one_graph_warned_once(tmp_path: Path) -> None:
+    # DDP(bucket_cap_mb=0.1) around an optimized module raised Dynamo's DDP optimizer's
+    # AssertionError ("First bucket should be smaller/equal to other buckets"), as it does
+    # under a plain torch.compile: the step now compiles as one graph, said once
+    spawn(_small_buckets_worker, (free_port(), str(tmp_path)), WORLD)
+    for r in range(WORLD):
+        doc = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert doc["param_diff"] == 0.0, f"rank {r}: parameters differ from eager DDP by {doc['param_diff']}"
+        assert len(doc["warnings"]) == 1 and "one graph" in doc["warnings"][0], doc["warnings"]
+        assert doc["graphs"] == 1, doc
+        assert max(doc["peaks"]) <= 1.05 * doc["budget"], (doc["peaks"], doc["budget"])
+
+
 def _asleep(rank: int) -> None:
     time.sleep(600)
 
