@@ -24,8 +24,7 @@
 More search stops paying at some point: the portfolio stops as soon as its best plan is
 within 1% of its lower bound, and the searches started from the incumbent (MILP, CP-SAT)
 run in windows of 15% of the time limit, another only while the last one improved the
-plan (or, where a window ended before the search returned any schedule, a window twice as
-long). On traced graphs of 300-400 ops the heuristics' plan usually stands, and ``auto``
+plan. On traced graphs of 300-400 ops the heuristics' plan usually stands, and ``auto``
 returns well before its time limit; a budget that keeps the search improving uses it all.
 
 Every candidate's schedule is polished before it is compared (:mod:`solvers.polish`): a
@@ -191,14 +190,14 @@ def auto(
         if sim.cost < best_cost - 1e-12:
             best, best_cost = dataclasses.replace(res, strategy=name, cost=sim.cost, peak=sim.peak), sim.cost
 
-    def run(name: str, label: str | None = None, at: int | None = None, **opts: Any) -> SolveResult | None:
+    def run(name: str, label: str | None = None, at: int | None = None, **opts: Any) -> None:
         # ``at``: plan for fewer bytes than the budget (a schedule within them fits it)
         label = label or name
         try:
             fn = get_strategy(name)
         except CheckmateError as exc:
             candidates[label] = f"unavailable: {exc}"
-            return None
+            return
         try:
             res = fn(graph, budget if at is None else at, **opts)
         except WorkerError as exc:  # the environment, not the graph: say so
@@ -209,13 +208,12 @@ def auto(
                 SolverWarning,
                 stacklevel=2,
             )
-            return None
+            return
         except CheckmateError as exc:
             candidates[label] = f"error: {exc}"
-            return None
+            return
         consider(label, res)
         report(f"{label}: {candidates[label]}")
-        return res
 
     def window() -> float:
         return max(MIN_WINDOW, WINDOW * limit)
@@ -256,22 +254,12 @@ def auto(
     def improving(name: str, **opts: Any) -> None:
         # a search started from the incumbent, in windows: another window only while the
         # last one improved it (a search that found nothing better in a window rarely pays
-        # for the next; on traced graphs the heuristics' plan usually stands). A window that
-        # ended before the search returned any schedule, not even the one it started from,
-        # says nothing of that: the next is twice as long (CP-SAT on a traced ResNet-18 of
-        # 560 nodes: nothing in 4.5 s, then +38.7% -> +14.4% compute in two minutes)
-        span = window()
+        # for the next; on traced graphs the heuristics' plan usually stands)
         while not done() and left() > 1.0 and best is not None:
             before = best_cost
             assert best.schedule is not None
             start_from: dict[str, Any] = {_START[name]: best.schedule}
-            res = run(name, time_limit=min(left(), span), **opts, **start_from)
-            if res is not None:
-                # restrictions the strategy found too tight for the budget stay relaxed
-                opts.update(res.info.get("relaxed_options", {}))
-            if res is not None and res.status == Status.NO_SOLUTION and left() > span:
-                span *= 2
-                continue
+            run(name, time_limit=min(left(), window()), **opts, **start_from)
             if best_cost > before * (1 - IMPROVEMENT):
                 return
 

@@ -447,14 +447,11 @@ def solve_in_process(
                 progress=progress,
             )
             info["relaxed"] = "backward nodes recomputable, one more compute per node"
-            # for a caller that solves again (auto's windows): the restricted model need not
-            # be proven infeasible again
-            info["relaxed_options"] = {"backward_once": False, "max_computes": max_computes + 1}
             return dataclasses.replace(
                 res,
                 build_seconds=res.build_seconds + build_s,
                 solve_seconds=res.solve_seconds + solve_s,
-                info={**res.info, **{k: info[k] for k in ("relaxed", "relaxed_options")}},
+                info={**res.info, **{k: info[k] for k in ("relaxed",)}},
             )
     return SolveResult("cpsat", status, budget, None, None, None, None, build_s, solve_s, info)
 
