@@ -228,10 +228,10 @@ _STEP_CONFIG = {
 _CAPTURES = ("capture_dynamic_output_shape_ops",)
 
 
-def _ddp_small_buckets() -> int | None:
-    """The bucket size (bytes) of the DDP module whose forward is running, where it is smaller
-    than the first bucket torch.compile's DDP optimizer makes (``_DEFAULT_FIRST_BUCKET_BYTES``,
-    1 MiB), which that optimizer refuses ("First bucket should be smaller/equal to other
+def _ddp_small_buckets() -> tuple[int, int] | None:
+    """(bucket size, first bucket size) in bytes, where the buckets of the DDP module whose
+    forward is running are smaller than the first bucket torch.compile's DDP optimizer makes
+    (``_DEFAULT_FIRST_BUCKET_BYTES``, 1 MiB), which that optimizer refuses ("First bucket should be smaller/equal to other
     buckets", an ``AssertionError``, under a plain ``torch.compile`` too); else None."""
     from checkmate.distributed import active_ddp_module
 
@@ -244,7 +244,7 @@ def _ddp_small_buckets() -> int | None:
         mode = torch._dynamo.utils.get_optimize_ddp_mode()
     except Exception:  # a torch that reads the setting elsewhere: the optimizer decides
         return None
-    return cap if mode == "ddp_optimizer" else None
+    return (cap, first) if mode == "ddp_optimizer" else None
 
 
 @contextmanager
@@ -257,14 +257,15 @@ def _step_config(state: CheckmateState) -> Iterator[None]:
     it), warned of once: DDP then reduces the gradients after the backward."""
     cfg = torch._dynamo.config
     wanted: dict[str, Any] = dict(_STEP_CONFIG)
-    small = _ddp_small_buckets()
-    if small is not None:
+    buckets = _ddp_small_buckets()
+    if buckets is not None:
+        small, first = buckets
         wanted["optimize_ddp"] = False
         if not state.warned_ddp_buckets:
             state.warned_ddp_buckets = True
             warnings.warn(
                 f"DDP's buckets ({format_bytes(small)}, bucket_cap_mb) are smaller than the first bucket "
-                "torch.compile's DDP optimizer makes (1 MiB), which it refuses, so this optimized "
+                f"torch.compile's DDP optimizer makes ({format_bytes(first)}), which it refuses, so this optimized "
                 "module's step compiles as one graph (torch._dynamo.config.optimize_ddp off for it): DDP "
                 "reduces the gradients after the backward instead of during it. bucket_cap_mb >= 1 "
                 "keeps that overlap",
