@@ -167,7 +167,8 @@ class _Emitter:
             # run the op; outputs computed right after this one reuse the same run
             run = self._replay(op) if again and op.name in self.jg.replayed else None
             self.last = (op, run or self.graph.node_copy(op, self.get), set())
-            self.seconds += float(self.jg.graph.cost[i])
+            if op.name not in self.jg.split:  # else each output taken costs its share (_take)
+                self.seconds += float(self.jg.graph.cost[i])
             self.runs.append((self.last[1], self.last[2]))
             self.ahead.clear()
         _, run, taken = self.last
@@ -196,6 +197,8 @@ class _Emitter:
         node = self.graph.call_function(operator.getitem, (run, self.jg.calls[name][1]))
         node.meta = dict(self.by_name[name].meta)
         self.env[self.by_name[name]] = node
+        if self.jg.calls[name][0] in self.jg.split and name not in taken:
+            self.seconds += float(self.jg.graph.cost[self.jg.group[name]])
         taken.add(name)
 
     def _take_siblings_read(self, i: int, op: str, run: fx.Node, taken: set[str]) -> None:
@@ -394,8 +397,9 @@ def run_seconds(jg: JointGraph) -> float:
     The graph model gives each output of a multi-output op a node costing the whole op
     (recomputing any one output runs it again), so ``jg.graph.total_cost`` counts a BatchNorm
     once per output it is read through: a ResNet-like CNN's 123 ms where its ops take 63 ms.
-    Here each op counts once; the plan's :attr:`SplitModules.seconds` over this, less one,
-    is the compute its recomputes add."""
+    Here each op counts once (the outputs of an op whose cost is split among them,
+    :attr:`JointGraph.split`, add up to it); the plan's :attr:`SplitModules.seconds` over this,
+    less one, is the compute its recomputes add."""
     cost = jg.graph.cost
     ops: dict[str, float] = {}
     total = 0.0
@@ -405,6 +409,8 @@ def run_seconds(jg: JointGraph) -> float:
         call = jg.calls.get(names[0])
         if call is None:
             total += float(cost[i])
+        elif call[0] in jg.split:
+            ops[call[0]] = ops.get(call[0], 0.0) + float(cost[i])
         else:
             ops[call[0]] = max(ops.get(call[0], 0.0), float(cost[i]))
     return total + sum(ops.values())

@@ -23,6 +23,10 @@ Modelling choices (the simulator's memory must match what the runtime allocates)
   each output reads the outputs listed before it (smallest first), which the run then makes
   again in their place (:func:`_sibling_reads`), and the outputs listed after it and those no
   node stands for (dropout's output) count as its scratch (:func:`_run_bytes`).
+  Where a masked op's work separates by output (``convolution_backward``: its input and
+  weight gradients are two convolutions), each output costs its share of the op instead
+  (:func:`_cost_shares`): recomputing a weight gradient alone runs half the op, and the
+  outputs computed together still cost the op once.
 - Primals (parameters, buffers, inputs) and constants (``get_attr`` nodes) are not nodes:
   always resident, outside the budget. Tangents are: autograd allocates them when the backward starts; each is a
   zero-cost, non-recomputable backward node listed before the backward ops.
@@ -72,6 +76,7 @@ import torch
 import torch.fx as fx
 
 from checkmate.eager import real_like, real_tensors
+from checkmate.flops import output_shares
 from checkmate.ops import (
     is_mutation,
     is_random_node,
@@ -139,6 +144,8 @@ class JointGraph:
             ``checkmate::rng_state`` node it replays its draws from (:mod:`checkmate.rng`).
             Its first computation, in the forward, draws as eager does; each recompute
             replays the draw (:func:`checkmate.rng.replay_native_dropout`).
+        split: fx names of the multi-output ops whose outputs each cost their share of the
+            op (:func:`_cost_shares`), not the whole op: a run costs the outputs it makes.
     """
 
     graph: Graph
@@ -155,6 +162,7 @@ class JointGraph:
     read_outside: dict[int, tuple[tuple[int, ...], torch.dtype]] = field(default_factory=dict)
     dropped: frozenset[tuple[tuple[int, ...], torch.dtype]] = frozenset()
     replayed: dict[str, str] = field(default_factory=dict)
+    split: frozenset[str] = frozenset()
 
     @property
     def sink(self) -> int:
@@ -242,6 +250,27 @@ def _siblings_last(
             out[k:end] = sorted(out[k:end], key=lambda o: mem[o])
         k = end
     return out
+
+
+def _cost_shares(ordered: Sequence[fx.Node], call_of: Mapping[fx.Node, fx.Node]) -> dict[fx.Node, float]:
+    """Each output of a masked op whose work separates by output (:func:`checkmate.flops.output_shares`)
+    -> its share of the op's cost. Codegen asks each run for the outputs the plan takes only
+    (:meth:`checkmate.codegen._Emitter.finish`), so a run costs the shares of those: a weight
+    gradient recomputed alone half a ``convolution_backward``, not all of it."""
+    outs: dict[fx.Node, list[fx.Node]] = {}
+    for o in ordered:
+        call = call_of.get(o)
+        if call is not None:
+            outs.setdefault(call, []).append(o)
+    shares: dict[fx.Node, float] = {}
+    for call, taken in outs.items():
+        found = output_mask(call.target)
+        if found is None:
+            continue
+        got = output_shares(call, found[0], [int(o.args[1]) for o in taken])  # type: ignore[arg-type]
+        if got is not None:
+            shares.update({o: got[int(o.args[1])] for o in taken})  # type: ignore[arg-type]
+    return shares
 
 
 def _sibling_reads(
@@ -435,7 +464,7 @@ def correct_traced_dtypes(gm: fx.GraphModule) -> int:
         node.meta["val"] = type(vals)(fixed)
         for user in node.users:
             if user.target is operator.getitem and user.args[1] in changed:
-                _retype(user, fixed[int(user.args[1])])  # type: ignore[call-overload]
+                _retype(user, fixed[int(user.args[1])])  # type: ignore[arg-type]
         done += len(changed)
     return done
 
@@ -882,6 +911,9 @@ def build_graph(
     folded_ops = [n for n in nodes if n in inlined]
     timed = list(costs(ops + [inplace[o] for o in fused] + folded_ops))
     seconds = dict(zip(ordered, timed[: len(ops)]))
+    shares = _cost_shares(ordered, call_of)
+    for o, share in shares.items():
+        seconds[o] *= share
     for o, extra in zip(fused, timed[len(ops) : len(ops) + len(fused)]):
         seconds[o] += extra
     if folded_ops:
@@ -1016,4 +1048,5 @@ def build_graph(
         beside_loss={final[b.name]: key for b, key in by_loss.items()},
         read_outside={final[b.name]: key for b, key in read_outside.items()},
         replayed={call_of[o].name: state.name for o, state in replayed.items()},
+        split=frozenset(call_of[o].name for o in shares),
     )

@@ -462,6 +462,43 @@ def test_a_keep_all_plan_runs_each_forward_op_once() -> None:
     assert mods.seconds == run_seconds(jg) < jg.graph.total_cost, (mods.seconds, jg.graph.total_cost)
 
 
+def test_a_convolutions_gradients_each_cost_their_share_and_the_op_once_together() -> None:
+    # a convolution_backward's input and weight gradients are two convolutions (measured on
+    # CPU: the two asked alone took 0.81-1.05x the two asked together). Each output node costing
+    # the whole op counted the op twice in the step, and a weight gradient recomputed alone
+    # as a whole op
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1, bias=False),
+        nn.ReLU(),
+        nn.Conv2d(4, 6, 3, padding=1, bias=False),
+        nn.ReLU(),
+    )
+    gm, jg = _joint(model, torch.randn(2, 3, 8, 8))  # every op costs 1
+    g = jg.graph
+    cb = "aten.convolution_backward.default"
+    outs = [i for i, nd in enumerate(g.nodes) if nd.op == cb]
+    shared = [i for i in outs if float(g.cost[i]) < 1.0]
+    # the first convolution's input needs no gradient: its one output is the whole op; the
+    # second's two gradients take half each (equal FLOPs)
+    assert len(outs) == 3 and len(shared) == 2, [(g.nodes[i].name, float(g.cost[i])) for i in outs]
+    assert [float(g.cost[i]) for i in shared] == [0.5, 0.5]
+    assert len(jg.split) == 1
+    keep_all = generate(gm, jg, schedule_from_order(g, range(g.n)))
+    assert keep_all.seconds == run_seconds(jg) == g.total_cost - 1  # the ReLU's mask: 2 outputs of 1
+    # the weight gradient made again alone, right before the step ends: half an op more, and
+    # that run asks the op for the weight gradient only
+    weight = next(i for i in shared if jg.calls[g.nodes[i].name][1] == 1)  # output 1: grad_weight
+    again = generate(gm, jg, schedule_from_order(g, [*range(g.n - 1), weight, g.n - 1]))
+    assert again.seconds == keep_all.seconds + 0.5
+    masks = [
+        [bool(m) for m in n.args[10]]
+        for n in again.backward.graph.nodes
+        if n.op == "call_function" and str(n.target) == cb
+    ]
+    assert sorted(masks) == sorted([[False, True, False], [True, True, False], [False, True, False]]), masks
+
+
 class _Attention(nn.Module):
     """One scaled-dot-product attention between two projections (the kernel every
     transformers model runs by default)."""
