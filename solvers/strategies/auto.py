@@ -24,7 +24,8 @@
 More search stops paying at some point: the portfolio stops as soon as its best plan is
 within 1% of its lower bound, and the searches started from the incumbent (MILP, CP-SAT)
 run in windows of 15% of the time limit, another only while the last one improved the
-plan. On traced graphs of 300-400 ops the heuristics' plan usually stands, and ``auto``
+plan (or, for CP-SAT, twice as long after one that took the incumbent as its hint and ended
+before returning any schedule). On traced graphs of 300-400 ops the heuristics' plan usually stands, and ``auto``
 returns well before its time limit; a budget that keeps the search improving uses it all.
 
 Every candidate's schedule is polished before it is compared (:mod:`solvers.polish`): a
@@ -190,14 +191,14 @@ def auto(
         if sim.cost < best_cost - 1e-12:
             best, best_cost = dataclasses.replace(res, strategy=name, cost=sim.cost, peak=sim.peak), sim.cost
 
-    def run(name: str, label: str | None = None, at: int | None = None, **opts: Any) -> None:
+    def run(name: str, label: str | None = None, at: int | None = None, **opts: Any) -> SolveResult | None:
         # ``at``: plan for fewer bytes than the budget (a schedule within them fits it)
         label = label or name
         try:
             fn = get_strategy(name)
         except CheckmateError as exc:
             candidates[label] = f"unavailable: {exc}"
-            return
+            return None
         try:
             res = fn(graph, budget if at is None else at, **opts)
         except WorkerError as exc:  # the environment, not the graph: say so
@@ -208,12 +209,13 @@ def auto(
                 SolverWarning,
                 stacklevel=2,
             )
-            return
+            return None
         except CheckmateError as exc:
             candidates[label] = f"error: {exc}"
-            return
+            return None
         consider(label, res)
         report(f"{label}: {candidates[label]}")
+        return res
 
     def window() -> float:
         return max(MIN_WINDOW, WINDOW * limit)
@@ -254,14 +256,20 @@ def auto(
     def improving(name: str, **opts: Any) -> None:
         # a search started from the incumbent, in windows: another window only while the
         # last one improved it (a search that found nothing better in a window rarely pays
-        # for the next; on traced graphs the heuristics' plan usually stands)
+        # for the next; on traced graphs the heuristics' plan usually stands). A CP-SAT
+        # window that took the incumbent but ended before returning any schedule, not even
+        # it, was too short to tell: the next one is twice as long
+        span = window()
         while not done() and left() > 1.0 and best is not None:
             before = best_cost
             assert best.schedule is not None
             start_from: dict[str, Any] = {_START[name]: best.schedule}
-            run(name, time_limit=min(left(), window()), **opts, **start_from)
-            if best_cost > before * (1 - IMPROVEMENT):
+            res = run(name, time_limit=min(left(), span), **opts, **start_from)
+            if best_cost <= before * (1 - IMPROVEMENT):
+                continue
+            if res is None or res.schedule is not None or not res.info.get("hinted"):
                 return
+            span *= 2
 
     if not done() and left() > 0 and not milp and best is not None and _available("cpsat"):
         # above the MILP's size the LP rarely finishes (no bound, no better rounding on the
