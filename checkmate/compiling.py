@@ -231,8 +231,9 @@ _CAPTURES = ("capture_dynamic_output_shape_ops",)
 def _ddp_small_buckets() -> tuple[int, int] | None:
     """(bucket size, first bucket size) in bytes, where the buckets of the DDP module whose
     forward is running are smaller than the first bucket torch.compile's DDP optimizer makes
-    (``_DEFAULT_FIRST_BUCKET_BYTES``, 1 MiB), which that optimizer refuses ("First bucket should be smaller/equal to other
-    buckets", an ``AssertionError``, under a plain ``torch.compile`` too); else None."""
+    (``_DEFAULT_FIRST_BUCKET_BYTES``, 1 MiB), which that optimizer refuses ("First bucket
+    should be smaller/equal to other buckets", an ``AssertionError``, under a plain
+    ``torch.compile`` too); else None."""
     from checkmate.distributed import active_ddp_module
 
     ddp = active_ddp_module()

@@ -464,7 +464,7 @@ def correct_traced_dtypes(gm: fx.GraphModule) -> int:
         node.meta["val"] = type(vals)(fixed)
         for user in node.users:
             if user.target is operator.getitem and user.args[1] in changed:
-                _retype(user, fixed[int(user.args[1])])  # type: ignore[arg-type]
+                _retype(user, fixed[int(user.args[1])])  # type: ignore[call-overload]
         done += len(changed)
     return done
 

@@ -25,8 +25,9 @@ More search stops paying at some point: the portfolio stops as soon as its best 
 within 1% of its lower bound, and the searches started from the incumbent (MILP, CP-SAT)
 run in windows of 15% of the time limit, another only while the last one improved the
 plan (or, for CP-SAT, twice as long after one that took the incumbent as its hint and ended
-before returning any schedule). On traced graphs of 300-400 ops the heuristics' plan usually stands, and ``auto``
-returns well before its time limit; a budget that keeps the search improving uses it all.
+before returning any schedule). On traced graphs of 300-400 ops the heuristics' plan
+usually stands, and ``auto`` returns well before its time limit; a budget that keeps the
+search improving uses it all.
 
 Every candidate's schedule is polished before it is compared (:mod:`solvers.polish`): a
 recompute whose value can stay resident within the budget is removed. A heuristic plans

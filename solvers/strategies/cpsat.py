@@ -51,7 +51,8 @@ WORKER_OPTIONS: tuple[str, ...] = (
 )
 #: seconds the worker gets beyond the time limit (start-up, model build, answer) before it is killed
 KILL_GRACE = 30.0
-#: computes per node of the model without a hint that needs more (solve_in_process's default)
+#: computes per node of the model (the default of :mod:`.cpsat_model`'s ``max_computes``)
+#: unless a hint needs more
 MAX_COMPUTES = 3
 #: the most computes per node a model is widened to so that a hint fits (:func:`_fit_to_hint`):
 #: the precedence Booleans grow with its square

@@ -46,6 +46,7 @@ from solvers.errors import SolverError
 from solvers.graph import Graph
 from solvers.result import ProgressFn, SolveProgress, SolveResult, Status
 from solvers.schedule import COMPUTE, FREE, Schedule, Step, simulate
+from solvers.strategies.cpsat import MAX_COMPUTES
 
 try:  # optional dependency: the strategy registry reports a missing package clearly
     from ortools.sat.python import cp_model
@@ -110,7 +111,7 @@ def build_model(
     graph: Graph,
     budget: int,
     *,
-    max_computes: int = 3,
+    max_computes: int = MAX_COMPUTES,
     backward_once: bool = True,
 ) -> CpsatModel:
     """Build the retention-interval model of ``graph`` under ``budget`` bytes.
@@ -348,7 +349,7 @@ def solve_in_process(
     budget: int,
     *,
     time_limit: float | None = None,
-    max_computes: int = 3,
+    max_computes: int = MAX_COMPUTES,
     backward_once: bool = True,
     hint: Schedule | None = None,
     workers: int = 2,
@@ -451,7 +452,7 @@ def solve_in_process(
                 res,
                 build_seconds=res.build_seconds + build_s,
                 solve_seconds=res.solve_seconds + solve_s,
-                info={**res.info, **{k: info[k] for k in ("relaxed",)}},
+                info={**res.info, "relaxed": info["relaxed"]},
             )
     return SolveResult("cpsat", status, budget, None, None, None, None, build_s, solve_s, info)
 
