@@ -69,9 +69,11 @@ bench-peers-full: install
 bench-peers-compile: install
 	$(BIN)/python -m benchmarks.peers_compile $(BENCH_ARGS)
 
-# Step time of checkmate against eager at budgets 1.0 and 0.5 (issue 3's overhead target; ~20 s).
+# Step time of checkmate against eager at budgets 1.0 and 0.5, then with dropout 0.1 at 1.0, 0.9
+# and 0.5 (issue 3's overhead target; ~1 min).
 bench-overhead: install
 	$(BIN)/python -m benchmarks.overhead
+	$(BIN)/python -m benchmarks.overhead --dropout 0.1 --budgets 1.0,0.9,0.5 --prefix overhead_dropout
 
 # Calls and seconds a budget costs: 5 models at 0.5, 0.7 and bytes, retrying at exc.minimum (~15 min).
 bench-budget: install

@@ -17,12 +17,14 @@ CPU time (with one torch thread, the step's own work); the measured peak of each
 recomputes and whether later steps take the eager fast path (``PlanRecord.is_eager``). An
 ``eager copy`` row times a second eager model the same way: its ratio is the run's noise floor.
 
-Outputs: ``benchmarks/results/overhead.md`` and ``overhead.csv`` (machine stated).
+Outputs: ``benchmarks/results/overhead.md`` and ``overhead.csv`` (machine stated; ``--prefix`` names
+others).
 
 Usage::
 
     python -m benchmarks.overhead                     # budgets 1.0 and 0.5, 40 pairs each
     python -m benchmarks.overhead --budgets 1.0 --steps 60 --device cuda
+    python -m benchmarks.overhead --dropout 0.1 --budgets 1.0,0.9,0.5 --prefix overhead_dropout
 """
 
 from __future__ import annotations
@@ -84,10 +86,10 @@ class Row:
     pairs: int
 
 
-def _example_model(layers: int, width: int, seq: int) -> nn.Module:
+def _example_model(layers: int, width: int, seq: int, dropout: float = 0.0) -> nn.Module:
     from examples.train_transformer import TinyGPT
 
-    return TinyGPT(256, width, layers, 4, seq, 0.0)
+    return TinyGPT(256, width, layers, 4, seq, dropout)
 
 
 def _timed(
@@ -241,10 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--dropout", type=float, default=0.0, help="the model's dropout probability")
     ap.add_argument("--time-limit", type=float, default=10.0, help="planner seconds per graph")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 keeps ratios stable under load)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    ap.add_argument("--prefix", default="overhead", help="name of the .md and .csv written")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     dev = torch.device(a.device)
@@ -252,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     torch.manual_seed(0)
-    ref = _example_model(a.layers, a.width, a.seq).to(dev)
+    ref = _example_model(a.layers, a.width, a.seq, a.dropout).to(dev)
     data = torch.randint(0, 256, (a.batch, a.seq + 1), device=dev, generator=None)
     idx, targets = data[:, :-1], data[:, 1:]
 
@@ -268,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     eager_peak = peak_of(ref)
     shape = (
         f"`TinyGPT` from examples/train_transformer.py ({a.layers} layers, d={a.width}, 4 heads, "
-        f"vocab 256), batch {a.batch} x {a.seq} tokens, dropout 0, on {dev}"
+        f"vocab 256), batch {a.batch} x {a.seq} tokens, dropout {a.dropout:g}, on {dev}"
     )
     print(shape)
     rows: list[Row] = []
@@ -301,11 +305,12 @@ def main(argv: list[str] | None = None) -> int:
         wall_s=time.perf_counter() - t_start,
     )
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "overhead.md").write_text(text)
-    write_csv(rows, a.out / "overhead.csv")
+    md, csv = a.out / f"{a.prefix}.md", a.out / f"{a.prefix}.csv"
+    md.write_text(text)
+    write_csv(rows, csv)
     print()
     print(text)
-    print(f"wrote {a.out / 'overhead.md'}, {a.out / 'overhead.csv'}")
+    print(f"wrote {md}, {csv}")
     return 0
 
 

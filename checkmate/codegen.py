@@ -30,8 +30,8 @@ import torch.fx as fx
 from torch.fx.graph import _BoxedCodeGen
 
 from checkmate.ops import is_view_node, output_mask
-from checkmate.rng import replay_native_dropout
-from checkmate.trace import JointGraph
+from checkmate.rng import replay_native_dropout, take_state
+from checkmate.trace import JointGraph, dropout_from_mask
 from solvers.errors import PlanError, TraceError
 from solvers.schedule import COMPUTE, Schedule, simulate
 
@@ -121,6 +121,9 @@ class _Emitter:
         self.folded = frozenset(by_name[name] for name in jg.folded)
         self.scoped: list[fx.Node] = []  # folded values made for the node being emitted
         self.seconds = 0.0  # the graph model's cost of the op runs emitted
+        # each generator state taken (checkmate::rng_state) -> its cost: one no replay reads
+        # is dropped (:meth:`settle_states`)
+        self.states: dict[fx.Node, float] = {}
 
     def compute(self, i: int) -> None:
         """Emit graph node ``i`` (a fresh copy: earlier copies' views become stale)."""
@@ -148,8 +151,16 @@ class _Emitter:
         for x in self.group_nodes.get(i, ()):
             self.env.pop(x, None)
         if call is None:
-            self.env[owner] = self.graph.node_copy(owner, self.get)
-            self.seconds += float(self.jg.graph.cost[i])
+            run = self._dropout_run(owner)
+            if run is not None:  # the dropout just ran: its output is this value
+                node = self.graph.call_function(operator.getitem, (run, 0))
+                node.meta = dict(owner.meta)
+                self.env[owner] = node
+            else:
+                self.env[owner] = self.graph.node_copy(owner, self.get)
+                self.seconds += float(self.jg.graph.cost[i])
+                if owner.target is torch.ops.checkmate.rng_state.default:
+                    self.states[self.env[owner]] = float(self.jg.graph.cost[i])
             self.last = None
             self.ahead.clear()
             acc = self.jg.inplace.get(name)
@@ -182,6 +193,33 @@ class _Emitter:
                     self._take(run, sib, taken)
                     if self.jg.group.get(sib) not in self.computed:
                         self.ahead.add(sib)
+
+    def _dropout_run(self, node: fx.Node) -> fx.Node | None:
+        """The run of the dropout whose output ``node`` computes again from its mask
+        (:attr:`JointGraph.from_mask`), when that run is the op emitted last, else None.
+
+        The run made the output already, as eager's forward does (a replay too), and the
+        same bits: taking it saves an elementwise pass over the activation per dropout (13
+        passes of a 4-layer GPT-2's step) and costs no memory, since the run allocated it
+        anyway. A value folded into its readers (Inductor) is left to them."""
+        if node.name not in self.jg.from_mask or node in self.folded or self.last is None:
+            return None
+        op, run, _ = self.last
+        return run if op is dropout_from_mask(node) else None
+
+    def settle_states(self) -> None:
+        """Remove each generator state taken (``checkmate::rng_state``) that no replay of a
+        dropout reads: the plan recomputes that dropout's output from its kept mask, never
+        its mask, and reading the generator's state changes nothing (on the CPU a 5 KB copy
+        through the custom op's dispatch, about 23 us, 13 of them in a 4-layer GPT-2's
+        step). The others take the state by a plain call (:func:`checkmate.rng.take_state`)."""
+        for node, cost in self.states.items():
+            if not node.users:
+                self.graph.erase_node(node)
+                self.seconds -= cost
+            else:
+                node.target = take_state
+        self.states.clear()
 
     def _replay(self, op: fx.Node) -> fx.Node:
         """A recompute of dropout ``op``: the same draw, from the generator state taken
@@ -381,6 +419,8 @@ def generate(
     femit.finish()
     bemit.finish()
     fw.output(tuple(fw_outs + saved_fw))
+    femit.settle_states()
+    bemit.settle_states()
     counts = schedule.compute_counts(jg.graph.n)
     return SplitModules(
         forward=_module(gm, fw),
@@ -399,12 +439,17 @@ def run_seconds(jg: JointGraph) -> float:
     once per output it is read through: a ResNet-like CNN's 123 ms where its ops take 63 ms.
     Here each op counts once (the outputs of an op whose cost is split among them,
     :attr:`JointGraph.split`, add up to it); the plan's :attr:`SplitModules.seconds` over this,
-    less one, is the compute its recomputes add."""
+    less one, is the compute its recomputes add. Eager PyTorch takes no generator states and
+    has its dropouts' outputs from the dropouts: those ops (:mod:`checkmate.rng`,
+    :attr:`JointGraph.from_mask`) count only where a plan runs them."""
     cost = jg.graph.cost
     ops: dict[str, float] = {}
     total = 0.0
+    not_eager = jg.from_mask | set(jg.replayed.values())
     for i, names in enumerate(jg.members):
         if not names or names[0].startswith("tangents"):  # scratch, the sink, a step input
+            continue
+        if names[0] in not_eager:
             continue
         call = jg.calls.get(names[0])
         if call is None:

@@ -94,6 +94,7 @@ __all__ = [
     "JointGraph",
     "build_graph",
     "correct_traced_dtypes",
+    "dropout_from_mask",
     "recompute_dropout_from_mask",
     "SINK",
     "WORKSPACE",
@@ -146,6 +147,10 @@ class JointGraph:
             replays the draw (:func:`checkmate.rng.replay_native_dropout`).
         split: fx names of the multi-output ops whose outputs each cost their share of the
             op (:func:`_cost_shares`), not the whole op: a run costs the outputs it makes.
+        from_mask: fx names of the dropout outputs recomputed from their masks
+            (:func:`recompute_dropout_from_mask`). Eager PyTorch never runs that op: a first
+            computation right after its dropout takes the dropout's own output instead
+            (:mod:`checkmate.codegen`), and :func:`checkmate.codegen.run_seconds` leaves it out.
     """
 
     graph: Graph
@@ -163,6 +168,7 @@ class JointGraph:
     dropped: frozenset[tuple[tuple[int, ...], torch.dtype]] = frozenset()
     replayed: dict[str, str] = field(default_factory=dict)
     split: frozenset[str] = frozenset()
+    from_mask: frozenset[str] = frozenset()
 
     @property
     def sink(self) -> int:
@@ -405,6 +411,22 @@ def recompute_dropout_from_mask(gm: fx.GraphModule, *, eager: bool = True) -> in
     if done:
         gm.recompile()
     return done
+
+
+def dropout_from_mask(node: fx.Node) -> fx.Node | None:
+    """The ``native_dropout`` whose output ``node`` computes again from the dropout's mask
+    (``native_dropout_backward(x, mask, scale)``, :func:`recompute_dropout_from_mask`), or None
+    where ``node`` is not such a computation (a dropout's gradient reads a gradient, not the
+    dropout's input)."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.native_dropout_backward.default:
+        return None
+    x, mask = node.args[:2]
+    if not (isinstance(mask, fx.Node) and mask.target is operator.getitem and mask.args[1] == 1):
+        return None
+    op = mask.args[0]
+    if isinstance(op, fx.Node) and op.target is torch.ops.aten.native_dropout.default and op.args[0] is x:
+        return op
+    return None
 
 
 def _dropout_scale(x: object, p: float) -> float:
@@ -1049,4 +1071,5 @@ def build_graph(
         read_outside={final[b.name]: key for b, key in read_outside.items()},
         replayed={call_of[o].name: state.name for o, state in replayed.items()},
         split=frozenset(call_of[o].name for o in shares),
+        from_mask=frozenset(n.name for n in nodes if dropout_from_mask(n) is not None),
     )

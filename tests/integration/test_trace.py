@@ -241,6 +241,41 @@ def test_a_replayed_dropout_draws_what_it_drew_and_leaves_the_generator_alone() 
     assert torch.equal(torch.get_rng_state(), now) and not torch.equal(now, after)
 
 
+def test_a_dropout_kept_whole_hands_on_its_own_output_and_takes_no_generator_state() -> None:
+    """Planned keep-all, no dropout is recomputed: each output is the one its dropout made
+    (no second pass from the mask), no generator state is taken (none is replayed), and the
+    step still computes what the joint graph computes, bit for bit, under the same seed."""
+    torch.manual_seed(0)
+    gm, _ = _joint(M.TinyTransformer(32, 32, 1, p=0.1), torch.randint(0, 32, (2, 8)))
+    recompute_dropout_from_mask(gm)
+    replay_dropout_draws(gm)
+    jg = build_graph(gm, _num_fwd(gm), lambda nodes: [1.0] * len(nodes))
+    assert len(jg.from_mask) == 3 and len(jg.replayed) == 3
+    mods = generate(gm, jg, schedule_from_order(jg.graph, range(jg.graph.n)))
+    ops = Counter(n.target for n in mods.forward.graph.nodes if n.op == "call_function")
+    assert ops[torch.ops.aten.native_dropout.default] == 3
+    assert ops[torch.ops.aten.native_dropout_backward.default] == 0
+    assert ops[torch.ops.checkmate.rng_state.default] == 0
+    assert mods.seconds == run_seconds(jg)  # the ops eager runs, each once: no overhead
+    phs = [p for p in gm.graph.nodes if p.op == "placeholder"]
+    vals = [
+        torch.randn(p.meta["val"].shape) if p.meta["val"].dtype.is_floating_point
+        else torch.randint(0, 32, p.meta["val"].shape)
+        for p in phs
+    ]  # fmt: skip
+    primals = [v for p, v in zip(phs, vals) if p.name.startswith("primals")]
+    tangents = [v for p, v in zip(phs, vals) if p.name.startswith("tangents")]
+    with torch.no_grad():
+        torch.manual_seed(7)
+        outputs, expected = gm(list(primals), list(tangents))
+        torch.manual_seed(7)
+        outs = list(mods.forward(list(primals)))
+        grads = list(mods.backward(outs[jg.num_fwd_outputs :] + list(tangents)))
+    for got, want in zip(outs[: jg.num_fwd_outputs] + grads, list(outputs) + list(expected), strict=True):
+        assert (got is None) == (want is None)
+        assert got is None or torch.equal(got, want)
+
+
 class _TanhGelu(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + 0.044715 * torch.pow(x, 3.0))))
