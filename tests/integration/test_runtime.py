@@ -256,7 +256,7 @@ def test_a_dropout_mask_recomputed_draws_what_eager_drew() -> None:
     """At 0.3 of eager's peak the plan recomputes dropout masks from the generator state they
     drew from (checkmate.rng), where it kept every mask before: gradients bitwise over two
     steps, the generator left where eager leaves it, the measured peak within the budget."""
-    from checkmate.rng import replay_native_dropout
+    from checkmate.rng import replay_native_dropout, take_state
 
     torch.manual_seed(0)
     eager = _DropoutBlocks()
@@ -282,6 +282,14 @@ def test_a_dropout_mask_recomputed_draws_what_eager_drew() -> None:
     modules = (record.modules.forward, record.modules.backward)
     replays = sum(n.target is replay_native_dropout for g in modules for n in g.graph.nodes)
     assert replays >= 1, "no mask was recomputed"
+    # each state a replay reads is taken by a plain call, none that no replay reads
+    states = [
+        n
+        for g in modules
+        for n in g.graph.nodes
+        if n.target in (take_state, torch.ops.checkmate.rng_state.default)
+    ]
+    assert states and all(n.target is take_state and n.users for n in states)
     measured = measure_peak(lambda: step(model, 3))
     print(f"\ndropout masks replayed at 0.3: {replays}; budget {budget:,} B, measured {measured:,} B")
     assert measured <= 1.05 * budget
