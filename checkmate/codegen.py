@@ -31,7 +31,7 @@ from torch.fx.graph import _BoxedCodeGen
 
 from checkmate.ops import is_view_node, output_mask
 from checkmate.rng import replay_native_dropout, take_state
-from checkmate.trace import JointGraph, dropout_from_mask
+from checkmate.trace import JointGraph
 from solvers.errors import PlanError, TraceError
 from solvers.schedule import COMPUTE, Schedule, simulate
 
@@ -202,10 +202,11 @@ class _Emitter:
         same bits: taking it saves an elementwise pass over the activation per dropout (13
         passes of a 4-layer GPT-2's step) and costs no memory, since the run allocated it
         anyway. A value folded into its readers (Inductor) is left to them."""
-        if node.name not in self.jg.from_mask or node in self.folded or self.last is None:
+        dropout = self.jg.from_mask.get(node.name)
+        if dropout is None or node in self.folded or self.last is None:
             return None
         op, run, _ = self.last
-        return run if op is dropout_from_mask(node) else None
+        return run if op.name == dropout else None
 
     def settle_states(self) -> None:
         """Remove each generator state taken (``checkmate::rng_state``) that no replay of a
@@ -445,7 +446,7 @@ def run_seconds(jg: JointGraph) -> float:
     cost = jg.graph.cost
     ops: dict[str, float] = {}
     total = 0.0
-    not_eager = jg.from_mask | set(jg.replayed.values())
+    not_eager = set(jg.from_mask) | set(jg.replayed.values())
     for i, names in enumerate(jg.members):
         if not names or names[0].startswith("tangents"):  # scratch, the sink, a step input
             continue

@@ -94,7 +94,6 @@ __all__ = [
     "JointGraph",
     "build_graph",
     "correct_traced_dtypes",
-    "dropout_from_mask",
     "recompute_dropout_from_mask",
     "SINK",
     "WORKSPACE",
@@ -147,8 +146,9 @@ class JointGraph:
             replays the draw (:func:`checkmate.rng.replay_native_dropout`).
         split: fx names of the multi-output ops whose outputs each cost their share of the
             op (:func:`_cost_shares`), not the whole op: a run costs the outputs it makes.
-        from_mask: fx names of the dropout outputs recomputed from their masks
-            (:func:`recompute_dropout_from_mask`). Eager PyTorch never runs that op: a first
+        from_mask: fx name of each dropout output recomputed from its mask
+            (:func:`recompute_dropout_from_mask`) -> the name of its dropout. Eager PyTorch
+            never runs that op: a first
             computation right after its dropout takes the dropout's own output instead
             (:mod:`checkmate.codegen`), and :func:`checkmate.codegen.run_seconds` leaves it out.
     """
@@ -168,7 +168,7 @@ class JointGraph:
     dropped: frozenset[tuple[tuple[int, ...], torch.dtype]] = frozenset()
     replayed: dict[str, str] = field(default_factory=dict)
     split: frozenset[str] = frozenset()
-    from_mask: frozenset[str] = frozenset()
+    from_mask: dict[str, str] = field(default_factory=dict)
 
     @property
     def sink(self) -> int:
@@ -413,7 +413,7 @@ def recompute_dropout_from_mask(gm: fx.GraphModule, *, eager: bool = True) -> in
     return done
 
 
-def dropout_from_mask(node: fx.Node) -> fx.Node | None:
+def _dropout_from_mask(node: fx.Node) -> fx.Node | None:
     """The ``native_dropout`` whose output ``node`` computes again from the dropout's mask
     (``native_dropout_backward(x, mask, scale)``, :func:`recompute_dropout_from_mask`), or None
     where ``node`` is not such a computation (a dropout's gradient reads a gradient, not the
@@ -1071,5 +1071,5 @@ def build_graph(
         read_outside={final[b.name]: key for b, key in read_outside.items()},
         replayed={call_of[o].name: state.name for o, state in replayed.items()},
         split=frozenset(call_of[o].name for o in shares),
-        from_mask=frozenset(n.name for n in nodes if dropout_from_mask(n) is not None),
+        from_mask={n.name: d.name for n in nodes if (d := _dropout_from_mask(n)) is not None},
     )
