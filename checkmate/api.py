@@ -205,7 +205,8 @@ def optimize(
         ProfileError: ``profile`` names no shipped profile, or its file cannot be read.
         InfeasibleBudgetError: no plan was found within the budget: ``exc.lower_bound`` is
             what every schedule needs (proven), ``exc.minimum`` the peak of a schedule
-            found (``optimize(model, exc.minimum)`` plans on the first try).
+            found (``optimize(model, exc.minimum)`` plans on the first try), ``exc.tradeoffs``
+            ``(bytes, extra compute)`` of the schedules found above it.
         TraceError: the model could not be traced (names the construct), or it is a
             ``DistributedDataParallel`` (optimize the module inside, then wrap it).
         CheckmateError: a step would run unplanned (Dynamo's recompile limit for this

@@ -184,6 +184,7 @@ def no_plan_error(
         lower_bound=max(proven, found.lower_bound),
         reference=res.info.get("reference") or keep_all_peak(graph),
         detail=detail,  # exact where the proven bound meets the peak found (the error sees both)
+        tradeoffs=[(p, c / graph.total_cost - 1.0) for p, c in found.frontier] if graph.total_cost else (),
     )
 
 

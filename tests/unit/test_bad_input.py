@@ -733,8 +733,44 @@ def test_an_infeasible_budget_error_pickles_with_its_fields() -> None:
     exc.add_note("planned on rank 0")  # a layer the error passes through again
     assert exc.notes == ("planned on rank 0",)
     assert "\n" not in exc.one_line() and exc.one_line().endswith(" planned on rank 0")
-    fields = ("budget", "minimum", "lower_bound", "reference", "exact", "notes")
+    fields = ("budget", "minimum", "lower_bound", "reference", "exact", "notes", "tradeoffs")
     assert [getattr(back, f) for f in fields] == [getattr(exc, f) for f in fields]
+    traded = InfeasibleBudgetError(100, 200, reference=400, tradeoffs=[(200, 3.0), (300, 0.2)])
+    assert pickle.loads(pickle.dumps(traded)).tradeoffs == ((200, 3.0), (300, 0.2))
+
+
+def test_an_infeasible_budget_error_says_what_its_least_peak_costs_and_what_more_memory_buys() -> None:
+    """At its least peak a graph may be planned at several times its compute: the message
+    gives that, and the lowest budget found within each level of extra compute, so that a
+    user raising the budget picks one knowingly (and not keep-all, which needs no plan)."""
+    from solvers.errors import InfeasibleBudgetError
+
+    found = [
+        (120_000, 7.0),
+        (130_000, 2.5),
+        (150_000, 0.5),
+        (300_000, 0.2),
+        (600_000, 0.05),
+        (1_000_000, 0.0),
+    ]
+    msg = str(
+        InfeasibleBudgetError(100_000, 120_000, lower_bound=50_000, reference=1_000_000, tradeoffs=found)
+    )
+    assert "the least peak found is 117.19 KiB" in msg and "(its schedule: +700% compute)" in msg
+    # the lowest within +100%, +30%, +10%: neither the costlier 130,000 nor keep-all
+    assert (
+        "cost less: 146.48 KiB (15.0%) at +50%, 292.97 KiB (30.0%) at +20%, 585.94 KiB (60.0%) at +5%;" in msg
+    )
+    assert "126.95 KiB" not in msg and "976.56 KiB" not in msg
+    # a least peak already within a level names only the levels below it
+    cheap = str(InfeasibleBudgetError(100_000, 150_000, reference=1_000_000, tradeoffs=found[2:]))
+    assert (
+        "(its schedule: +50% compute)" in cheap and "cost less: 292.97 KiB (30.0%) at +20%, 585.94" in cheap
+    )
+    # an exact least peak says it too; nothing searched, nothing said
+    exact = str(InfeasibleBudgetError(100_000, 150_000, lower_bound=150_000, tradeoffs=found[2:]))
+    assert "the least budget any schedule needs is 146.48 KiB" in exact and "+50% compute" in exact
+    assert "compute" not in str(InfeasibleBudgetError(100_000, 150_000, reference=1_000_000))
 
 
 def test_an_infeasible_budget_error_whose_least_peak_fits_names_auto_not_a_larger_budget() -> None:

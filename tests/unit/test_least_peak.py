@@ -3,6 +3,7 @@ it, the exact answer where the MILP can prove it, and the same answer on a secon
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -10,10 +11,11 @@ import pytest
 from solvers import Graph
 from solvers.api import solve
 from solvers.bounds import memory_lower_bound
+from solvers.errors import InfeasibleBudgetError
 from solvers.schedule import keep_all_peak, validate
 from solvers.strategies import get_strategy
 from solvers.strategies.auto import HEURISTICS
-from solvers.strategies.least_peak import least_peak
+from solvers.strategies.least_peak import least_peak, pareto
 from tests.graphs import chain, dropout6, public_graph
 
 
@@ -43,6 +45,42 @@ def test_a_training_chain_goes_well_below_keep_all() -> None:
     for name in ("peak-greedy", "dtr", "gap-cover"):
         res = get_strategy(name)(g, below)
         assert not res.ok, name
+
+
+def test_pareto_keeps_the_points_nothing_beats_on_both() -> None:
+    assert pareto([(5, 1.0), (3, 4.0), (4, 4.0), (3, 5.0), (6, 1.0), (8, 0.5), (7, 2.0)]) == (
+        (3, 4.0),
+        (5, 1.0),
+        (8, 0.5),
+    )
+    assert pareto([]) == ()
+
+
+def test_the_frontier_runs_from_the_least_peak_to_keep_all_and_auto_plans_within_it() -> None:
+    g = chain(24, training=True)
+    found = least_peak(g, time_limit=30, exact=False)
+    front = found.frontier
+    assert front[0] == (found.peak, pytest.approx(found.cost))
+    assert front[-1] == (keep_all_peak(g), pytest.approx(g.total_cost))  # keep-all, replayed first
+    assert len(front) >= 3  # the bisection's budgets between: more than the two ends
+    assert all(p1 < p2 and c1 > c2 for (p1, c1), (p2, c2) in itertools.pairwise(front))
+    # each point is a schedule's: a plan at its peak costs no more (auto starts from heuristics
+    # that found it, then searches)
+    for peak, cost in front[1:-1]:
+        res = solve(g, peak, "auto", time_limit=5)
+        assert res.ok and res.cost is not None and res.cost <= cost * (1 + 1e-9), (peak, cost, res.cost)
+
+
+def test_an_infeasible_budget_error_carries_the_frontier_as_extra_compute() -> None:
+    g = chain(24, training=True)
+    found = least_peak(g, time_limit=30, exact=False)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        solve(g, found.peak - 1, "peak-greedy")
+    exc = info.value
+    assert exc.minimum == found.peak and exc.tradeoffs[0][0] == found.peak
+    assert [p for p, _ in exc.tradeoffs] == [p for p, _ in found.frontier]
+    assert exc.tradeoffs[0][1] == pytest.approx(found.cost / g.total_cost - 1)
+    assert "compute" in str(exc)
 
 
 def test_a_second_call_returns_the_same_schedule() -> None:
