@@ -771,6 +771,13 @@ def test_an_infeasible_budget_error_says_what_its_least_peak_costs_and_what_more
     exact = str(InfeasibleBudgetError(100_000, 150_000, lower_bound=150_000, tradeoffs=found[2:]))
     assert "the least budget any schedule needs is 146.48 KiB" in exact and "+50% compute" in exact
     assert "compute" not in str(InfeasibleBudgetError(100_000, 150_000, reference=1_000_000))
+    # a point a few bytes above the least peak is given in bytes, not as the same KiB again
+    close = str(
+        InfeasibleBudgetError(
+            100_000, 120_000, reference=1_000_000, tradeoffs=[(120_000, 7.0), (120_004, 0.5)]
+        )
+    )
+    assert "cost less: 120,004 bytes (12.0%) at +50%" in close
 
 
 def test_an_infeasible_budget_error_whose_least_peak_fits_names_auto_not_a_larger_budget() -> None:
