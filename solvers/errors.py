@@ -85,9 +85,10 @@ class InfeasibleBudgetError(CheckmateError):
         exact: ``minimum`` is the least budget any schedule needs (the bound meets it).
         tradeoffs: ``(peak bytes, extra compute)`` of schedules the least-peak search found,
             by increasing peak and decreasing extra compute (0.25: the plan computes 25%
-            more than the graph without recomputation), the first at ``minimum``: what each
-            budget above it costs at most. Empty when none was searched. The message names
-            the lowest budget within a few levels of extra compute (:data:`TRADEOFF_LEVELS`).
+            more than the graph without recomputation), the first at ``minimum``: what a
+            schedule found at each budget above it costs (a plan solved at that budget searches
+            for a cheaper one). Empty when none was searched. The message names the lowest
+            budget found within a few levels of extra compute (:data:`TRADEOFF_LEVELS`).
     """
 
     def __init__(
