@@ -11,6 +11,7 @@ the least peak found, in one call.
 from __future__ import annotations
 
 import copy
+import itertools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -149,6 +150,12 @@ def test_the_minimum_of_an_infeasible_budget_plans_on_the_first_try(
     exc = info.value
     assert exc.lower_bound is not None and exc.minimum is not None
     assert exc.budget < exc.lower_bound <= exc.minimum
+    # what more memory buys: the schedules the search found, the least peak first, each one
+    # higher than the one before and cheaper, up to keep-all at no extra compute
+    assert exc.tradeoffs and exc.tradeoffs[0][0] == exc.minimum, exc.tradeoffs
+    assert all(p1 < p2 and c1 > c2 for (p1, c1), (p2, c2) in itertools.pairwise(exc.tradeoffs))
+    assert exc.tradeoffs[-1][1] == pytest.approx(0.0, abs=1e-9)
+    assert "compute" in str(exc)
 
     # the retry searches below the minimum briefly if at all: its first try leaves room for a
     # loss outside the module, below the least peak found, and spent the whole time limit
