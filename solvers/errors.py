@@ -220,23 +220,24 @@ def _tradeoff_clause(tradeoffs: Sequence[tuple[int, float]], minimum: int, refer
     keep-all peak, +16.9% planned there). Empty where the search found nothing to compare."""
     from solvers.budget import format_bytes
 
-    at_min = [max(c, 0.0) for p, c in tradeoffs if p <= minimum]
-    text = f" (its schedule: {at_min[-1]:+.0%} compute)" if at_min else ""
+    at_min = next((max(c, 0.0) for p, c in reversed(tradeoffs) if p <= minimum), None)
+    above = [(p, max(c, 0.0)) for p, c in tradeoffs if p > minimum and (reference is None or p < reference)]
     picks: list[tuple[int, float]] = []
     for level in TRADEOFF_LEVELS:
-        if at_min and at_min[-1] <= level:  # the least peak's schedule is this cheap already
+        if at_min is not None and at_min <= level:  # the least peak's schedule is this cheap already
             continue
-        p_c = next(((p, c) for p, c in tradeoffs if minimum < p < (reference or p + 1) and c <= level), None)
-        if p_c is not None and p_c not in picks:
-            picks.append(p_c)
-    if picks:
-        shown = [format_bytes(minimum)]
-        parts = []
-        for p, c in picks:
-            # a few bytes more can cut the compute several times over (a TinyGPT: 4.5 KiB above
-            # its least peak, +50% where the least peak took +261%): such a budget in bytes
-            shown.append(format_bytes(p) if format_bytes(p) not in shown else f"{p:,} bytes")
-            parts.append(f"{shown[-1]}{f' ({p / reference:.1%})' if reference else ''} at {max(c, 0.0):+.0%}")
+        pick = next(((p, c) for p, c in above if c <= level), None)
+        if pick is not None and pick not in picks:
+            picks.append(pick)
+    text = "" if at_min is None else f" (its schedule: {at_min:+.0%} compute)"
+    shown = [format_bytes(minimum)]
+    parts = []
+    for p, c in picks:
+        # a few bytes more can cut the compute several times over (a TinyGPT: 4.5 KiB above
+        # its least peak, +50% where the least peak took +261%): such a budget in bytes
+        shown.append(format_bytes(p) if format_bytes(p) not in shown else f"{p:,} bytes")
+        parts.append(f"{shown[-1]}{f' ({p / reference:.1%})' if reference else ''} at {c:+.0%}")
+    if parts:
         text += "; schedules found above it cost less: " + ", ".join(parts)
     return text
 

@@ -166,8 +166,7 @@ def least_peak(
         best, lower = (memo.schedule, memo.peak, memo.cost, memo.strategy), memo.lower_bound
     if want_exact:
         best, lower = _bisect_exact(graph, best, lower, tolerance, left, seen)
-    sched, peak, cost, who = best
-    seen.append((peak, cost))
+    sched, peak, cost, who = best  # replayed by _lowest or _bisect_exact, or the memo's: in seen
     found = LeastPeak(sched, peak, cost, min(lower, peak), who, exact_tried=want_exact, frontier=pareto(seen))
     _MEMO.pop(key, None)
     _MEMO[key] = found
