@@ -19,7 +19,8 @@ Measured per row: the peak bytes allocated during a step beyond what was live be
 profiler's allocator events on CPU); the step time as the median over ``--pairs`` steps
 alternating with the reference (which one runs first alternates too); overhead = median of
 the per-pair ratios - 1, so drifting load cancels (on CUDA wall time between synchronizes;
-on CPU the process's CPU time with one torch thread); for checkmate rows the planned
+on CPU the process's CPU time with one torch thread, on a C heap that keeps what it
+allocates, :mod:`benchmarks.heap`, unless ``--heap default``); for checkmate rows the planned
 overhead = the plans' cost / the graphs' total cost - 1 (:func:`checkmate.plans_of`); and
 the max abs gradient and buffer difference from the reference after one step from the same
 state, relative to the reference's largest gradient, checked against ``--grad-tol``.
@@ -459,8 +460,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="plan with checkmate.fusion.save_cost charged (off by default: slower on CPU; to be measured on a GPU)",
     )
+    p.add_argument(
+        "--heap",
+        choices=("fixed", "default"),
+        default="fixed",
+        help="CPU: time steps on a C heap that never returns memory to the system (fixed, the default: "
+        "a step's time is its ops', see benchmarks.heap) or on glibc's defaults",
+    )
     a = p.parse_args(argv)
     from benchmarks import peers_compile_report as report
+
+    if a.device == "cpu" and a.heap == "fixed" and not a.render and argv is None:  # run as a program
+        from benchmarks.heap import reexec_fixed
+
+        reexec_fixed("benchmarks.peers_compile", sys.argv[1:])
 
     if a.render:
         paths = report.render(a.out, a.prefix)

@@ -53,6 +53,10 @@ class RunInfo:
             import torch
 
             where = f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda}); {where}"
+        else:
+            from benchmarks.heap import describe
+
+            where = f"{where}; {describe()}"
         return RunInfo(command, wall_s, where, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
 
 
