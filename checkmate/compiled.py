@@ -38,7 +38,7 @@ from checkmate.eager import real_tensors
 from checkmate.memory import MemoryTracker
 from checkmate.tangents import zeros_strided
 
-__all__ = ["Calibration", "ProfilerRunning", "Round", "calibrate", "compiled_peak"]
+__all__ = ["Calibration", "ProfilerRunning", "Round", "calibrate", "compiled_peak", "prior_ratio"]
 
 #: what compiles one half: ``(module, example inputs, is_backward) -> callable(list)``
 CompileHalf = Callable[[fx.GraphModule, list[Any], bool], Callable[[list[Any]], Any]]
@@ -111,6 +111,7 @@ def calibrate(
     replan: Callable[[int], Any | None],
     ceiling: int,
     start: int,
+    prior: float | None = None,
 ) -> tuple[Any, Calibration]:
     """Choose among plans by their measured peaks.
 
@@ -123,6 +124,13 @@ def calibrate(
         replan: the plan at a simulated target, or None when there is none.
         ceiling: the simulated peak of keeping everything (no target above it helps).
         start: the target ``first`` was made at.
+        prior: the measured-to-simulated ratio of a plan of the same graph at other sizes or
+            another budget, measured before (:func:`prior_ratio`). Where it says ``first``
+            would measure outside the window (under ``USE`` of the budget, or over it), the
+            plan at the target it points to is measured first, and ``first`` only where no
+            plan measured fits: a GPT-2 solved again at a budget 4 MiB lower measured four
+            plans, the first at 0.75x its budget, where its plan before had measured 0.82x
+            what it simulated.
 
     Returns:
         The plan kept (the cheapest measured within ``budget``; when none fits, the one
@@ -133,13 +141,17 @@ def calibrate(
     target = start
     plan = first
     floor: int | None = None
+    skipped = _ahead(first, budget, simulated, replan, ceiling, start, prior)
+    if skipped is not None:
+        plan, target = skipped
+        plans = [plan]
     for k in range(ROUNDS + max(BRACKETED, UNFIT) + 1):
         try:
             got = measure(plan)
         except Exception as exc:  # never lose the plan to a failed measurement
             if not rounds:
                 why = str(exc) if isinstance(exc, ProfilerRunning) else repr(exc)[:300]
-                return first, Calibration(0, (Round(start, simulated(first), None),), budget, why)
+                return plan, Calibration(0, (Round(target, simulated(plan), None),), budget, why)
             break
         rounds.append(Round(target, simulated(plan), got))
         if USE * budget <= got <= budget:
@@ -162,11 +174,57 @@ def calibrate(
         plan, target = nxt, new
         plans.append(plan)
     fitting = [k for k, r in enumerate(rounds) if r.measured is not None and r.measured <= budget]
+    if not fitting and skipped is not None:  # the plan the prior passed over, measured after all
+        late: int | None
+        try:
+            late = measure(first)
+        except Exception:
+            late = None
+        if late is not None:
+            rounds.append(Round(start, simulated(first), late))
+            plans.append(first)
+            if late <= budget:
+                fitting = [len(rounds) - 1]
     if fitting:
         chosen = min(fitting, key=lambda k: (cost(plans[k]), k))
     else:
         chosen = min(range(len(rounds)), key=lambda k: rounds[k].measured or 0)
     return plans[chosen], Calibration(chosen, tuple(rounds), budget, no_plan_below=floor)
+
+
+def _ahead(
+    first: Any,
+    budget: int,
+    simulated: Callable[[Any], int],
+    replan: Callable[[int], Any | None],
+    ceiling: int,
+    start: int,
+    prior: float | None,
+) -> tuple[Any, int] | None:
+    """The plan to measure before ``first``, with its target: where ``prior`` predicts
+    ``first`` measures outside ``[USE * budget, budget]``, the plan at the simulated target
+    the prior points to (``AIM * budget`` measured); None where ``first`` is measured first."""
+    if prior is None or not prior > 0:
+        return None
+    predicted = simulated(first) * prior
+    if USE * budget <= predicted <= budget:
+        return None
+    target = min(int(AIM * budget / prior), ceiling)
+    if target == start or (predicted < budget) != (target > start):  # the other way: no help
+        return None
+    got = replan(target)
+    return None if got is None else (got, target)
+
+
+def prior_ratio(checks: Sequence[Calibration]) -> float | None:
+    """The measured-to-simulated ratio of the plan kept by the latest of ``checks`` (earlier
+    checks of the same graph's structure) that measured a plan within its budget; None when
+    none did."""
+    for check in reversed(checks):
+        kept = check.rounds[check.chosen]
+        if check.fits and kept.measured and kept.simulated > 0:
+            return kept.measured / kept.simulated
+    return None
 
 
 def _extra(rounds: list[Round], budget: int) -> int:

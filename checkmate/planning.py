@@ -325,7 +325,7 @@ class GraphPlanning(PlannerState):
         no :class:`BudgetWarning` when none fits (the caller raises); ``cheap``: no plan
         replanned whose compute is more than :data:`COSTLY` over the graph's is compiled
         (:meth:`_at_least_peak`)."""
-        from checkmate.compiled import calibrate
+        from checkmate.compiled import calibrate, prior_ratio
 
         res = first[0]
         assert res.budget is not None
@@ -384,6 +384,10 @@ class GraphPlanning(PlannerState):
                 reuse = False
         self.reuse_refused = not reuse and bool(inductor_config.allow_buffer_reuse)
 
+        # a plan of this graph's structure measured before (other sizes, another budget): its
+        # measured-to-simulated ratio says where to start
+        shape = structure(jg.graph)
+        same = [self.records[i] for i in (*self.families.get(shape, ()), *self.superseded.get(shape, ()))]
         plan, check = calibrate(
             first,
             held,
@@ -393,6 +397,9 @@ class GraphPlanning(PlannerState):
             replan=replan,
             ceiling=ref,
             start=start,
+            prior=prior_ratio(
+                [r.compiled for r in sorted(same, key=lambda r: r.index) if r.compiled is not None]
+            ),
         )
         if not check.fits and check.error is None and (plan[0].cost or 0.0) > jg.graph.total_cost:
             plan, check = self._or_keep_all(joint, jg, plan, check, measure, ref)

@@ -18,7 +18,17 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import checkmate  # noqa: E402
-from checkmate.compiled import AIM, BRACKETED, ROUNDS, UNFIT, USE, calibrate  # noqa: E402
+from checkmate.compiled import (  # noqa: E402
+    AIM,
+    BRACKETED,
+    ROUNDS,
+    UNFIT,
+    USE,
+    Calibration,
+    Round,
+    calibrate,
+    prior_ratio,
+)
 from checkmate.memory import measure_peak  # noqa: E402
 from tests.integration import _models as M  # noqa: E402
 
@@ -57,6 +67,59 @@ def test_a_plan_that_measures_less_than_simulated_is_replanned_to_use_the_budget
     assert plan > BUDGET  # simulated above the budget: the compiled step holds less
     assert len(check.rounds) == 2 and check.chosen == 1
     assert check.rounds[0].measured == int(0.8 * BUDGET)
+
+
+def _with_prior(share: float, prior: float | None, *, feasible_from: int = 0) -> tuple[int, Any, list[int]]:
+    """:func:`_run`'s calibration with a prior ratio; also the plans measured, in order."""
+    measured: list[int] = []
+
+    def measure(p: int) -> int:
+        measured.append(p)
+        return int(share * p)
+
+    plan, check = calibrate(
+        BUDGET, BUDGET, simulated=lambda p: p, cost=lambda p: 1e12 / p, measure=measure,
+        replan=lambda t: t if t >= feasible_from else None, ceiling=CEILING, start=BUDGET, prior=prior,
+    )  # fmt: skip
+    return plan, check, measured
+
+
+def test_a_prior_ratio_skips_the_plan_it_says_measures_outside_the_window() -> None:
+    # measured at 0.8 of simulated, as an earlier plan of the graph was: the first plan would
+    # measure 0.8 of the budget, so the plan at AIM / 0.8 is measured first, and alone
+    plan, check, measured = _with_prior(0.8, 0.8)
+    assert measured == [int(AIM * BUDGET / 0.8)] and len(check.rounds) == 1
+    assert check.fits and USE * BUDGET <= (check.measured or 0) <= BUDGET and plan == measured[0]
+    # without the prior: two plans measured for the same result
+    assert _with_prior(0.8, None)[2] == [BUDGET, int(AIM * BUDGET / 0.8)]
+    # over the budget the same way: 1.05 of simulated
+    plan, check, measured = _with_prior(1.05, 1.05)
+    assert measured == [int(AIM * BUDGET / 1.05)] and check.fits and plan < BUDGET
+
+
+def test_a_prior_that_agrees_with_the_first_plan_changes_nothing() -> None:
+    for prior in (0.98, 1.0):  # the first plan predicted within [USE, 1] of the budget
+        assert _with_prior(0.8, prior)[2][0] == BUDGET
+
+
+def test_a_wrong_prior_still_ends_within_the_budget_and_measures_the_skipped_plan_last() -> None:
+    # the prior says 0.5 (the target doubles); the plans measure 1.05 of simulated: nothing
+    # fits until the rounds come back under the budget
+    plan, check, measured = _with_prior(1.05, 0.5)
+    assert measured[0] == min(int(AIM * BUDGET / 0.5), CEILING)
+    assert check.fits and (check.measured or 0) <= BUDGET and plan < BUDGET
+    # no replan below the budget exists: the skipped first plan is measured at the end, kept
+    # as the one measured least
+    plan, check, measured = _with_prior(1.05, 0.5, feasible_from=BUDGET + 1)
+    assert measured[-1] == BUDGET and plan == BUDGET and not check.fits
+
+
+def test_the_prior_is_the_latest_fitting_checks_ratio() -> None:
+    fit = Calibration(1, (Round(10, 10, 12), Round(8, 10, 9)), budget=10)
+    over = Calibration(0, (Round(10, 10, 12),), budget=10)
+    assert prior_ratio([fit]) == pytest.approx(0.9)
+    assert prior_ratio([fit, over]) == pytest.approx(0.9)  # one that fit nowhere says nothing
+    assert prior_ratio([over]) is None and prior_ratio([]) is None
 
 
 def test_a_plan_that_measures_more_than_simulated_is_replanned_under_the_budget() -> None:
