@@ -13,8 +13,7 @@ the plan's step measured -0.03% and +5.22% over keeping every value under glibc'
 and +6.90% planned), where keeping every value also ran 285 ms a step instead of 290-319.
 
 :data:`FIXED` sets the threshold above any tensor and turns trimming off: every block comes
-from the heap and stays there, as under the allocators PyTorch's CPU performance guide
-recommends (jemalloc, tcmalloc), and a step's time is its ops'. glibc reads its tunables
+from the heap and stays there, and a step's time is its ops'. glibc reads its tunables
 when the process starts, so :func:`reexec_fixed` starts the benchmark again with them.
 """
 

@@ -136,22 +136,19 @@ def calibrate(
         The plan kept (the cheapest measured within ``budget``; when none fits, the one
         measured least) and the record of the rounds.
     """
-    plans = [first]
     rounds: list[Round] = []
-    target = start
-    plan = first
     floor: int | None = None
     skipped = _ahead(first, budget, simulated, replan, ceiling, start, prior)
-    if skipped is not None:
-        plan, target = skipped
-        plans = [plan]
+    plan, target = skipped or (first, start)
+    plans = [plan]
     for k in range(ROUNDS + max(BRACKETED, UNFIT) + 1):
         try:
             got = measure(plan)
         except Exception as exc:  # never lose the plan to a failed measurement
             if not rounds:
+                # the plan made at the budget, not one the prior put above it: it runs unmeasured
                 why = str(exc) if isinstance(exc, ProfilerRunning) else repr(exc)[:300]
-                return plan, Calibration(0, (Round(target, simulated(plan), None),), budget, why)
+                return first, Calibration(0, (Round(start, simulated(first), None),), budget, why)
             break
         rounds.append(Round(target, simulated(plan), got))
         if USE * budget <= got <= budget:

@@ -74,7 +74,8 @@ def test_the_tunables_take_effect_here() -> None:
         pytest.skip("glibc before 2.33 has no mallinfo2")
 
     def mapped(tunables: str | None) -> int:
-        env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+        # neither the tunables nor their MALLOC_*_ aliases of the environment this runs in
+        env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
         if tunables is not None:
             env["GLIBC_TUNABLES"] = tunables
         out = subprocess.run(

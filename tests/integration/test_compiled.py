@@ -114,6 +114,19 @@ def test_a_wrong_prior_still_ends_within_the_budget_and_measures_the_skipped_pla
     assert measured[-1] == BUDGET and plan == BUDGET and not check.fits
 
 
+def test_a_failed_measurement_after_a_prior_keeps_the_plan_made_at_the_budget() -> None:
+    # the plan the prior points to simulates above the budget: unmeasured, it could run over it
+    def measure(p: int) -> int:
+        raise RuntimeError("no compiler here")
+
+    plan, check = calibrate(
+        BUDGET, BUDGET, simulated=lambda p: p, cost=lambda p: 1e12 / p, measure=measure,
+        replan=lambda t: t, ceiling=CEILING, start=BUDGET, prior=0.8,
+    )  # fmt: skip
+    assert plan == BUDGET and check.error is not None
+    assert check.rounds == (Round(BUDGET, BUDGET, None),)
+
+
 def test_the_prior_is_the_latest_fitting_checks_ratio() -> None:
     fit = Calibration(1, (Round(10, 10, 12), Round(8, 10, 9)), budget=10)
     over = Calibration(0, (Round(10, 10, 12),), budget=10)
