@@ -27,6 +27,7 @@ from checkmate.backends import NoCompiledFit, bw_donated, compile_half
 from checkmate.cache import cached_solve, recall_least_peak, remember_least_peak
 from checkmate.codegen import SplitModules
 from checkmate.compiled import Calibration, CompileHalf
+from checkmate.cse import merge_common_subexpressions
 from checkmate.distributed import ddp_reserve, fsdp_reserve, plan_once
 from checkmate.families import family_target, larger_shape_budget, plan_ahead, reuse
 from checkmate.planner_common import (
@@ -449,6 +450,8 @@ class GraphPlanning(PlannerState):
         if compiler != "inductor":  # and its mask from the generator state it drew from
             replay_dropout_draws(joint)
         correct_traced_dtypes(joint)  # where a fake-tensor rule and its kernel disagree
+        if compiler == "inductor":  # a backward formula's repeat of forward work runs once compiled
+            merge_common_subexpressions(joint)
 
         from checkmate import fusion
 
