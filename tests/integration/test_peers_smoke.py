@@ -156,6 +156,25 @@ def test_a_direct_comparison_with_the_point_decides_the_verdict() -> None:
     assert not got["pt 0.5"][0] and got["pt 0.5"][1].endswith("slower, within the pairs' spread")
 
 
+def test_planned_overhead_is_compared_over_the_row_at_1_0_not_the_reference() -> None:
+    """A planned overhead is over the graph's ops run once (checkmate's keep-all step), which
+    Inductor can run faster than plain torch.compile's: both are taken over checkmate at 1.0."""
+    rows = [
+        _crow("compile"),
+        _crow("checkmate", "90 B", "pt 0.8", overhead=0.04, planned=0.09),  # +9.5% over keep-all
+        _crow("checkmate", "80 B", "pt 0.5", overhead=0.10, planned=0.09),  # +15.8%: far off
+        _crow("checkmate", "1", "1.0", overhead=-0.05, planned=0.0),
+    ]
+    met, compared, lines = peers_compile_report.agreement(rows)
+    assert (met, compared) == (1, 2)
+    assert lines[0] == "- pt 0.8: planned +9.0%, measured +9.5%"
+    assert lines[1].endswith("(**6.8 points apart**)")
+    # the row at 1.0 itself recomputing: each plan is compared relative to its plan
+    rows[-1] = _crow("checkmate", "1", "1.0", overhead=0.0, planned=0.05)
+    assert peers_compile_report.agreement(rows)[2][0] == "- pt 0.8: planned +3.8%, measured +4.0%"
+    assert peers_compile_report.agreement(rows[:-1]) == (0, 0, [])  # nothing to compare over
+
+
 def test_compile_report_round_trips(tmp_path: Path) -> None:
     rows = [
         _crow("compile"),
