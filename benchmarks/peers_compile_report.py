@@ -120,6 +120,11 @@ def verdicts(rows: list[Row]) -> list[tuple[str, bool, str]]:
 AGREE = 0.03
 
 
+def _at_one(rows: list[Row]) -> Row | None:
+    """checkmate's row at the fraction 1.0, where it ran."""
+    return next((r for r in rows if r.method == "checkmate" and r.target == "1.0" and r.status == "ok"), None)
+
+
 def agreement(rows: list[Row]) -> tuple[int, int, list[str]]:
     """(rows agreeing, rows compared, one line each): each checkmate row's planned overhead
     against its step measured over checkmate's row at the fraction ``1.0`` (its keep-all plan,
@@ -132,7 +137,7 @@ def agreement(rows: list[Row]) -> tuple[int, int, list[str]]:
     recomputes fusible ops in the backward (a GPT-2's tanh-GELUs), so compared with the
     reference a plan's planned overhead is off by the keep-all plan's own. No such row:
     nothing compared."""
-    base = next((r for r in rows if r.method == "checkmate" and r.target == "1.0" and r.status == "ok"), None)
+    base = _at_one(rows)
     if base is None or base.overhead is None or base.planned is None:
         return 0, 0, []
     met, lines = 0, []
@@ -255,7 +260,8 @@ def markdown(rows: list[Row], cfg: Config, info: RunInfo) -> str:
         out += [f"- {'yes' if m else '**no**'}: {line}" for _, m, line in vs]
         agree, compared, lines = agreement(mrows)
         if compared:
-            base = next(r for r in mrows if r.method == "checkmate" and r.target == "1.0")
+            base = _at_one(mrows)
+            assert base is not None  # agreement compared rows over it
             out += [
                 "",
                 f"Planned vs measured, over checkmate at 1.0 (planned {_pct(base.planned)}, measured "

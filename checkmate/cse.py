@@ -8,18 +8,15 @@ before it partitions (``fx_graph_cse`` in ``torch/_functorch/partitioners.py``),
 Inductor's kernels merge what is left inside a fused loop, so the compiled step computes
 each such value once wherever it runs.
 
-Checkmate's MILP (Jain et al., MLSys 2020) charges every computation of every node. Left
-in the graph, the twin is a second node of the same cost: a plan that recomputes the
-forward chain in the backward was charged for it twice (the chain and its twin), though
-Inductor runs it once. Measured on CPU, a GPT-2 (4 layers, d=128, 8 x 256 tokens) under
-``compiler="inductor"`` at PyTorch's ``activation_memory_budget`` 0.8 point (73.43 MiB):
-PyTorch's partitioner recomputed the GELUs at no measured cost, while checkmate priced any
-plan there 5 points over keep-all and ran one 5.7% slower than PyTorch's. Merged, a
-recomputation costs the one computation Inductor runs.
+Checkmate's MILP (Jain et al., MLSys 2020) charges every computation of every node and
+holds every value it keeps. Left in the graph, the twin reads only forward values, so the plan
+computed it in the forward beside the chain it repeats and held both to the backward. Measured
+on CPU, a GPT-2 (4 layers, d=128, 8 x 256 tokens) under ``compiler="inductor"`` at 73.43 MiB:
+its plan simulated 88.83 MiB and measured 72.86 MiB compiled, and the compiled check measured
+3-4 plans to land on the budget; merged, 72.77 MiB simulated, 72.73 MiB measured, one plan.
 
-Only pure ops merge: no random draw, no op that writes an input or has side effects, no
-op read through a placeholder-less argument that cannot be compared (a tensor constant is
-compared by identity).
+Only pure ops merge: no random draw, no op that writes an input or has side effects, and no
+call with an argument that cannot be compared (a tensor constant is compared by identity).
 """
 
 from __future__ import annotations
