@@ -351,16 +351,16 @@ def test_the_check_compiles_the_backward_with_the_inputs_aotautograd_donates(
 def test_a_plan_made_inside_a_profiler_is_not_taken_as_measured() -> None:
     # on the CPU only the profiler sees Inductor's buffers, and it does not nest: the count left
     # (storages seen by the dispatcher) read a Llama-like step at 3.0 MiB that then stepped at
-    # 12.8 MiB against 7.6. The plan runs unchecked, and says so
+    # 12.8 MiB against 7.6. The plan runs uncompiled, whose peak follows it, and says so
     model, x = _transformer()
     opt = checkmate.optimize(copy.deepcopy(model), 0.6, compiler="inductor", time_limit=10, profile="cpu")
     with (
-        pytest.warns(BudgetWarning, match="a profiler is running"),
+        pytest.warns(checkmate.CompilerFallbackWarning, match="a profiler is running"),
         torch.profiler.profile(profile_memory=True),
     ):
         _grads(opt, x)
     (rec,) = checkmate.plans_of(opt)
-    assert rec.compiled is not None and rec.compiled.measured is None and not rec.compiled.fits
+    assert rec.compiler == "aot" and rec.compiled is None
     assert rec.result.peak is not None and rec.budget is not None and rec.result.peak <= rec.budget
 
     # where only the compiled step could fit, the error says why it was not measured
@@ -573,10 +573,12 @@ def test_parameters_only_an_unread_output_depends_on_get_no_gradient_compiled() 
     assert opt.pooler.weight.grad is not None
 
 
-def test_the_step_that_plans_with_measured_costs_holds_its_budget() -> None:
-    # fused ops are priced with the device's bandwidth, measured with a 64 MiB copy (128 MiB
-    # held for a moment): measured inside the step that plans, this MLP's first step stood at
-    # 152.8x its budget (0.83x after). checkmate.optimize measures it as it is called
+def test_a_step_first_called_inside_a_profiler_holds_its_budget_then_compiles_checked() -> None:
+    # beside a profiler Inductor's step cannot be measured on the CPU: run unchecked, the plan
+    # landed near its budget on either side (1.051x in one CI run of four). It runs uncompiled
+    # (as compiler='aot', whose peak follows the plan) until a call outside the profiler.
+    # Fused ops are priced with the device's bandwidth, measured with a 64 MiB copy: measured
+    # inside the step that plans, this MLP's first step stood at 152.8x its budget
     from checkmate import fusion
 
     fusion._measured_speed.cache_clear()  # as in a fresh process
@@ -584,10 +586,23 @@ def test_the_step_that_plans_with_measured_costs_holds_its_budget() -> None:
     model, x = M.MLP(128, 4), torch.randn(256, 128)
     budget = int(0.6 * measure_peak(lambda: copy.deepcopy(model)(x).pow(2).mean().backward()))
     opt = checkmate.optimize(copy.deepcopy(model), budget, compiler="inductor", time_limit=10)
-    with pytest.warns(BudgetWarning, match="a profiler is running"):  # the plan is not checked compiled
-        first = measure_peak(lambda: opt(x).pow(2).mean().backward())
-    # unchecked (the BudgetWarning above), the plan runs as simulated: since repeated computations
-    # are merged (checkmate.cse) the graph model simulates Inductor's peak closely instead of 1.2x
-    # above it, so an unchecked plan lands near the budget, on either side (1.051x in one run of
-    # four). The bandwidth copy measured inside the planning step put it at 152.8x
-    assert first <= 1.10 * budget, f"the step that planned: {first / budget:.3f}x the budget"
+    ref = copy.deepcopy(model)
+
+    def step(m: torch.nn.Module) -> None:
+        m.zero_grad(set_to_none=True)
+        m(x).pow(2).mean().backward()
+
+    with pytest.warns(checkmate.CompilerFallbackWarning, match="a profiler is running"):
+        first = measure_peak(lambda: step(opt))
+    assert first <= budget, f"the step that planned: {first / budget:.3f}x the budget"
+    assert [r.compiler for r in checkmate.plans_of(opt)] == ["aot"]
+    for _ in range(3):  # outside a profiler (but checkmate's own, measuring a step whole): compiled, checked
+        step(opt)
+    recs = checkmate.plans_of(opt)
+    assert [r.compiler for r in recs] == ["aot", "inductor"]
+    assert recs[-1].compiled is not None and recs[-1].compiled.fits, recs[-1].compiled
+    third = measure_peak(lambda: step(opt))  # compiled already: no planning inside the profiler
+    assert third <= budget, f"the compiled step: {third / budget:.3f}x the budget"
+    step(ref)
+    got = {k.removeprefix("_orig_mod."): p.grad for k, p in opt.named_parameters()}
+    _assert_close(got, {k: p.grad for k, p in ref.named_parameters()})
