@@ -7,7 +7,8 @@
   partitioner (``torch._inductor.config.custom_partitioner_fn``, :class:`_Partitioner`),
   compiling the two halves with buffer reuse only where the compiled check measured it, and
   horizontal fusion only where the budget has room for it (:class:`PlanOrderChoices`). A
-  graph no compiled plan fits runs its plan uncompiled (:func:`uncompiled`).
+  graph no compiled plan fits runs its plan uncompiled (:func:`uncompiled`), as does a graph
+  first called inside a profiler until a call outside one compiles it (:func:`deferred`).
 
 Both wrap each compiled forward (:func:`_releasing`) so that the gradients of outputs the loss
 leaves unread stay undefined, as in eager, and the outputs a plan drops at the backward's start
