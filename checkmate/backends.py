@@ -252,7 +252,10 @@ def deferred(
     """
     import copy
 
-    saved = copy.deepcopy(gm)  # as Dynamo gave it, for the compile to come
+    # its graph as Dynamo gave it, for the compile to come; its parameters and constants
+    # shared, not copied (a module whose parameters the graph holds trains those)
+    saved = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    saved.meta.update(gm.meta)
     index = len(planner.records)
     now = aot_backend(planner, observe=True)(gm, list(example_inputs))
     warnings.warn(
@@ -272,11 +275,15 @@ def deferred(
         planner.skipped_least = False
         try:
             return compile_graph(saved, list(args))
-        except (InfeasibleBudgetError, NoCompiledFit) as exc:
+        except Exception as exc:  # the plan running holds the budget: never lose it to the compile
+            why = (
+                f"no plan's step fits the budget of {planner.budget}"
+                if isinstance(exc, (InfeasibleBudgetError, NoCompiledFit))
+                else "the compile failed"
+            )
             warnings.warn(
-                f"graph {index}: compiled by Inductor at its first call outside a profiler, no plan's step "
-                f"fits the budget of {planner.budget} ({exc}); the graph goes on running its plan "
-                "uncompiled, within the budget",
+                f"graph {index}: compiled by Inductor at its first call outside a profiler, {why} "
+                f"({str(exc)[:500]}); the graph goes on running its plan uncompiled, within the budget",
                 CompilerFallbackWarning,
                 stacklevel=3,
             )
