@@ -18,10 +18,11 @@ are watched (:mod:`checkmate.tangents`).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -140,8 +141,10 @@ def inductor_backend(planner: Planner) -> Callable[..., Any]:
         return _releasing(step, example_inputs) if partitioner.zeros_made else step
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
-        planner.inputs = example_inputs  # the step's tensors, for checking plans compiled
-        planner.skipped_least = False
+        with _compiling(planner, example_inputs):
+            return choose(gm, example_inputs)
+
+    def choose(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         start = time.perf_counter()
 
         def without_fallback(note: str | None = None) -> Any:
@@ -179,10 +182,20 @@ def inductor_backend(planner: Planner) -> Callable[..., Any]:
                 return uncompiled(planner, gm, example_inputs, str(over), time.perf_counter() - start)
             except InfeasibleBudgetError:  # the plan measured least, compiled, with a warning
                 return without_fallback()
-        finally:
-            planner.inputs = None
 
     return backend
+
+
+@contextlib.contextmanager
+def _compiling(planner: Planner, inputs: Sequence[Any]) -> Iterator[None]:
+    """The step's tensors held by ``planner`` while a graph of them compiles (for checking
+    plans compiled), and the least-peak fallback's mark cleared."""
+    planner.inputs = inputs
+    planner.skipped_least = False
+    try:
+        yield
+    finally:
+        planner.inputs = None
 
 
 def uncompiled(
@@ -216,18 +229,17 @@ def uncompiled(
 
 def _unmeasurable(planner: Planner, example_inputs: Sequence[Any]) -> bool:
     """Whether the plan of a graph of ``example_inputs`` would be checked compiled, but a
-    profiler runs beside which its step cannot be measured (on the CPU only the profiler sees
-    what Inductor's kernels allocate: :class:`checkmate.compiled.ProfilerRunning`), and the
-    graph can be compiled again later for tensors of the same sizes (none symbolic)."""
-    if not (planner.check_compiled and planner.fallback and not planner.budget.least):
-        return False
-    if not torch._C._autograd._profiler_enabled():
+    profiler runs beside which its step cannot be measured (:func:`checkmate.compiled.profiler_hides`),
+    and the graph can be compiled again later for tensors of the same sizes (none symbolic)."""
+    from checkmate.compiled import profiler_hides
+
+    if not (planner.check_compiled and planner.fallback and planner._unchecked_why() is None):
         return False
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
-    if any(x.device.type == "cuda" for x in tensors):  # measured by CUDA's own statistics
-        return False
-    symbolic = any(isinstance(d, torch.SymInt) for x in tensors for d in x.shape)
-    return not symbolic and not any(isinstance(x, torch.SymInt) for x in example_inputs)
+    symbolic = any(
+        isinstance(x, torch.SymInt) for x in (*example_inputs, *(d for t in tensors for d in t.shape))
+    )
+    return not symbolic and profiler_hides({t.device for t in tensors})
 
 
 def deferred(
@@ -271,10 +283,9 @@ def deferred(
     chosen: list[Callable[..., Any]] = []
 
     def later(args: list[Any]) -> Callable[..., Any]:
-        planner.inputs = list(args)
-        planner.skipped_least = False
         try:
-            return compile_graph(saved, list(args))
+            with _compiling(planner, args):
+                return compile_graph(saved, list(args))
         except Exception as exc:  # the plan running holds the budget: never lose it to the compile
             why = (
                 f"no plan's step fits the budget of {planner.budget}"
@@ -288,8 +299,6 @@ def deferred(
                 stacklevel=3,
             )
             return now
-        finally:
-            planner.inputs = None
 
     @functools.wraps(now)  # keeps a boxed call boxed (its _boxed_call attribute)
     def run(*args: Any) -> Any:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,15 @@ from checkmate.eager import real_tensors
 from checkmate.memory import MemoryTracker
 from checkmate.tangents import zeros_strided
 
-__all__ = ["Calibration", "ProfilerRunning", "Round", "calibrate", "compiled_peak", "prior_ratio"]
+__all__ = [
+    "Calibration",
+    "ProfilerRunning",
+    "Round",
+    "calibrate",
+    "compiled_peak",
+    "prior_ratio",
+    "profiler_hides",
+]
 
 #: what compiles one half: ``(module, example inputs, is_backward) -> callable(list)``
 CompileHalf = Callable[[fx.GraphModule, list[Any], bool], Callable[[list[Any]], Any]]
@@ -271,6 +279,13 @@ class ProfilerRunning(RuntimeError):
     """The compiled step cannot be measured on the CPU while a profiler runs."""
 
 
+def profiler_hides(devices: Iterable[torch.device]) -> bool:
+    """Whether a compiled step on ``devices`` cannot be measured now: a profiler runs and
+    none is CUDA (on the CPU only the profiler sees the allocator, one profiler at a time;
+    CUDA's own statistics measure beside one)."""
+    return torch._C._autograd._profiler_enabled() and not any(d.type == "cuda" for d in devices)
+
+
 def compiled_peak(
     modules: SplitModules,
     num_fwd_outputs: int,
@@ -302,7 +317,7 @@ def compiled_peak(
     tangent_ph = [n for n in bw_ph if n.name.startswith("tangents")]
     written = _written_inputs(modules.forward)
     devices = {v.device for n in fw_ph + bw_ph if isinstance(v := n.meta.get("val"), torch.Tensor)}
-    if torch._C._autograd._profiler_enabled() and not any(d.type == "cuda" for d in devices):
+    if profiler_hides(devices):
         # only the profiler sees the CPU allocator, one profiler at a time; the count left
         # (storages made through the dispatcher) misses every buffer of Inductor's kernels:
         # a Llama-like step planned inside torch.profiler measured 3.0 MiB here and then
